@@ -1,0 +1,31 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+
+.PHONY: demo test lint controlplane venv clean-cluster
+
+$(INSTALLED): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+venv: $(INSTALLED)
+
+# Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok once per machine.
+controlplane:
+	@hack/build-controlplane.sh >/dev/null
+
+demo: $(INSTALLED) controlplane
+	$(VENV)/bin/nicop demo
+
+test: $(INSTALLED) controlplane lint
+	$(PY) -m pytest
+
+lint: $(INSTALLED)
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/mypy
+
+clean-cluster: $(INSTALLED)
+	$(VENV)/bin/nicop cluster down

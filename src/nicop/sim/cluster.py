@@ -1,0 +1,591 @@
+"""The local control plane: real etcd, kube-apiserver, controller-manager, scheduler and kwok.
+
+Every process runs on loopback ports chosen at start, with its state (certificates, etcd data,
+logs, the kubeconfig, the PIDs) in one directory, so `down` can stop what `up` started from
+another shell, and a second `up` reuses the cluster's data. The pytest fixture uses the same
+class with `die_with_parent`, so the processes end with the test run however it ends.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ctypes
+import functools
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nicop.sim import hardware
+from nicop.sim.pki import CertificateAuthority, KeyPair, service_account_keys
+
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+HOST = "127.0.0.1"
+SERVICE_CIDR = "10.96.0.0/16"
+POD_CIDR = "10.244.0.0/16"
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+PROFILE_ANNOTATION = "nicop.io/hardware-profile"
+BUILD_HINT = "build it with `make controlplane` (hack/build-controlplane.sh) or pass --bin-dir"
+
+Progress = Callable[[str], None]
+
+
+class ClusterError(Exception):
+    """A problem the user can fix; the message says what and how."""
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(os.environ.get("NICOP_CLUSTER_DIR", Path(base) / "nicop" / "cluster"))
+
+
+def default_bin_dir() -> Path:
+    """Where hack/build-controlplane.sh left the binaries (it keeps a `current` link)."""
+    if env := os.environ.get("NICOP_CONTROLPLANE_BIN"):
+        return Path(env)
+    cache = Path(os.environ.get("NICOP_CACHE", Path.home() / ".cache" / "nicop"))
+    return cache / "controlplane" / "current" / "bin"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return True
+    return False
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGKILL it when the parent dies (PR_SET_PDEATHSIG)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)
+
+
+def _process_alive(pid: int, binary: str) -> bool:
+    """True when `pid` is running `binary` (a recycled PID running something else is not ours)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+        return False
+    return bool(cmdline) and cmdline[0].decode(errors="replace") == binary
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(text[-lines:])
+
+
+@dataclass
+class Process:
+    name: str
+    pid: int
+    binary: str
+    log: str
+
+    def alive(self) -> bool:
+        return _process_alive(self.pid, self.binary)
+
+
+@dataclass
+class State:
+    """What `up` recorded: ports (reused by the next `up`) and processes."""
+
+    ports: dict[str, int] = field(default_factory=dict)
+    processes: dict[str, Process] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path) -> State:
+        if not path.exists():
+            return cls()
+        raw = json.loads(path.read_text())
+        return cls(
+            ports=raw.get("ports", {}),
+            processes={k: Process(**v) for k, v in raw.get("processes", {}).items()},
+        )
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps(
+                {
+                    "ports": self.ports,
+                    "processes": {k: vars(v) for k, v in self.processes.items()},
+                },
+                indent=2,
+            )
+        )
+        tmp.replace(path)
+
+
+@dataclass
+class UpResult:
+    already_running: bool
+    seconds: float
+    nodes: list[str]
+
+
+class LocalCluster:
+    """One local control plane rooted at `state_dir`."""
+
+    def __init__(self, state_dir: Path | None = None, bin_dir: Path | None = None) -> None:
+        self.state_dir = (state_dir or default_state_dir()).resolve()
+        self.bin_dir = (bin_dir or default_bin_dir()).resolve()
+        self.pki_dir = self.state_dir / "pki"
+        self.log_dir = self.state_dir / "logs"
+        self.state_file = self.state_dir / "state.json"
+        self.kubeconfig = self.state_dir / "kubeconfig"
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    # ----------------------------------------------------------------- inspection
+    def state(self) -> State:
+        return State.load(self.state_file)
+
+    def running(self) -> dict[str, bool]:
+        """Each component: True when its recorded process is alive."""
+        procs = self.state().processes
+        return {name: name in procs and procs[name].alive() for name in COMPONENTS}
+
+    @property
+    def server(self) -> str:
+        return f"https://{HOST}:{self.state().ports['kube-apiserver']}"
+
+    # ----------------------------------------------------------------- up
+    def up(
+        self,
+        nodes: int = 4,
+        profiles: list[str] | None = None,
+        apiserver_port: int = 0,
+        die_with_parent: bool = False,
+        progress: Progress = lambda _: None,
+    ) -> UpResult:
+        start = time.monotonic()
+        alive = self.running()
+        if all(alive.values()):
+            return UpResult(True, 0.0, [])
+        if any(alive.values()):
+            partial = ", ".join(n for n, up in alive.items() if up)
+            raise ClusterError(
+                f"the cluster in {self.state_dir} is partly running ({partial}); "
+                "run `nicop cluster down` first, then `nicop cluster up`"
+            )
+        node_profiles = hardware.layout(nodes, profiles)
+        self._check_binaries()
+        for d in (self.state_dir, self.pki_dir, self.log_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        state = self.state()
+        state.processes = {}
+        state.ports = self._choose_ports(state.ports, apiserver_port)
+        state.save(self.state_file)
+        pki = self._pki()
+        try:
+            self._start_all(state, pki, die_with_parent, progress)
+            names = self._create_nodes(node_profiles, progress)
+        except BaseException:
+            self.down()
+            raise
+        return UpResult(False, time.monotonic() - start, names)
+
+    def _check_binaries(self) -> None:
+        missing = [b for b in COMPONENTS if not os.access(self.bin_dir / b, os.X_OK)]
+        if missing:
+            raise ClusterError(
+                f"control plane binary {', '.join(missing)} not found in {self.bin_dir}; "
+                + BUILD_HINT
+            )
+
+    def _choose_ports(self, previous: dict[str, int], apiserver_port: int) -> dict[str, int]:
+        """Reuse the last ports when free (etcd remembers its peer URL), else pick new ones."""
+        wanted = (
+            "etcd-client",
+            "etcd-peer",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kwok",
+        )
+        if apiserver_port and port_in_use(apiserver_port):
+            raise ClusterError(
+                f"port {apiserver_port} on {HOST} (kube-apiserver, --apiserver-port) is already "
+                f"in use; stop what listens there (`ss -ltnp 'sport = :{apiserver_port}'`) "
+                "or choose another port (0 picks a free one)"
+            )
+        ports: dict[str, int] = {}
+        for name in wanted:
+            if name == "kube-apiserver" and apiserver_port:
+                ports[name] = apiserver_port
+                continue
+            old = previous.get(name)
+            taken = set(ports.values())
+            if old and old not in taken and not port_in_use(old):
+                ports[name] = old
+            else:
+                port = free_port()
+                while port in taken:
+                    port = free_port()
+                ports[name] = port
+        return ports
+
+    def _pki(self) -> dict[str, KeyPair]:
+        ca = CertificateAuthority(self.pki_dir)
+        return {
+            "ca": ca.pair,
+            "apiserver": ca.issue(
+                "apiserver",
+                "kube-apiserver",
+                server_hosts=[
+                    HOST,
+                    "localhost",
+                    "10.96.0.1",
+                    "kubernetes",
+                    "kubernetes.default",
+                    "kubernetes.default.svc",
+                    "kubernetes.default.svc.cluster.local",
+                ],
+            ),
+            "admin": ca.issue("admin", "nicop-admin", "system:masters"),
+            "kube-controller-manager": ca.issue(
+                "kube-controller-manager", "system:kube-controller-manager"
+            ),
+            "kube-scheduler": ca.issue("kube-scheduler", "system:kube-scheduler"),
+            "sa": service_account_keys(self.pki_dir),
+        }
+
+    def write_kubeconfig(self, path: Path, user: str, pair: KeyPair, ca: KeyPair) -> None:
+        def b64(p: Path) -> str:
+            return base64.b64encode(p.read_bytes()).decode()
+
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "nicop",
+                    "cluster": {"server": self.server, "certificate-authority-data": b64(ca.cert)},
+                }
+            ],
+            "users": [
+                {
+                    "name": user,
+                    "user": {
+                        "client-certificate-data": b64(pair.cert),
+                        "client-key-data": b64(pair.key),
+                    },
+                }
+            ],
+            "contexts": [{"name": "nicop", "context": {"cluster": "nicop", "user": user}}],
+            "current-context": "nicop",
+        }
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        path.chmod(0o600)
+
+    def _spawn(self, state: State, name: str, args: list[str], die_with_parent: bool) -> Process:
+        binary = str(self.bin_dir / name)
+        log_path = self.log_dir / f"{name}.log"
+        with open(log_path, "ab") as log:
+            log.write(f"\n--- nicop: starting {name} at {time.ctime()}\n".encode())
+            log.flush()
+            child = subprocess.Popen(
+                [binary, *args],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if die_with_parent else None,
+            )
+        self._children[child.pid] = child
+        proc = Process(name, child.pid, binary, str(log_path))
+        state.processes[name] = proc
+        state.save(self.state_file)
+        return proc
+
+    def _wait(
+        self, proc: Process, what: str, check: Callable[[], bool], timeout: float = 60.0
+    ) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not proc.alive():
+                raise ClusterError(
+                    f"{proc.name} exited while starting; last lines of {proc.log}:\n"
+                    + _tail(Path(proc.log))
+                )
+            with contextlib.suppress(OSError, ssl.SSLError, urllib.error.URLError):
+                if check():
+                    return
+            time.sleep(0.1)
+        raise ClusterError(
+            f"{proc.name} did not become {what} within {timeout:.0f}s; last lines of {proc.log}:\n"
+            + _tail(Path(proc.log))
+        )
+
+    def _start_all(
+        self, state: State, pki: dict[str, KeyPair], die_with_parent: bool, progress: Progress
+    ) -> None:
+        p = state.ports
+        etcd_url = f"http://{HOST}:{p['etcd-client']}"
+        peer_url = f"http://{HOST}:{p['etcd-peer']}"
+        t = time.monotonic()
+        etcd = self._spawn(
+            state,
+            "etcd",
+            [
+                "--name=nicop",
+                f"--data-dir={self.state_dir / 'etcd'}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=nicop={peer_url}",
+                "--unsafe-no-fsync=true",
+                "--auto-compaction-retention=1",
+                "--quota-backend-bytes=8589934592",
+                "--log-level=warn",
+            ],
+            die_with_parent,
+        )
+        self._wait(etcd, "healthy", lambda: _http_ok(f"{etcd_url}/health"))
+        progress(f"etcd ready on {etcd_url} ({time.monotonic() - t:.1f}s)")
+
+        t = time.monotonic()
+        admin = pki["admin"]
+        apiserver = self._spawn(
+            state,
+            "kube-apiserver",
+            [
+                f"--etcd-servers={etcd_url}",
+                f"--bind-address={HOST}",
+                f"--advertise-address={HOST}",
+                f"--secure-port={p['kube-apiserver']}",
+                f"--tls-cert-file={pki['apiserver'].cert}",
+                f"--tls-private-key-file={pki['apiserver'].key}",
+                f"--client-ca-file={pki['ca'].cert}",
+                f"--service-account-key-file={pki['sa'].cert}",
+                f"--service-account-signing-key-file={pki['sa'].key}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=RBAC",
+                "--allow-privileged=true",
+                "--endpoint-reconciler-type=none",
+                "--enable-priority-and-fairness=false",
+                "--max-requests-inflight=0",
+                "--max-mutating-requests-inflight=0",
+                f"--cert-dir={self.pki_dir}",
+            ],
+            die_with_parent,
+        )
+        ctx = _tls_context(pki["ca"], admin)
+        self._wait(
+            apiserver,
+            "ready",
+            lambda: _http_ok(f"https://{HOST}:{p['kube-apiserver']}/readyz", ctx),
+        )
+        progress(
+            f"kube-apiserver ready on https://{HOST}:{p['kube-apiserver']} "
+            f"({time.monotonic() - t:.1f}s)"
+        )
+        self.write_kubeconfig(self.kubeconfig, "admin", admin, pki["ca"])
+
+        t = time.monotonic()
+        waits: list[tuple[Process, Callable[[], bool]]] = []
+        for name in ("kube-controller-manager", "kube-scheduler"):
+            kubeconfig = self.state_dir / f"{name}.kubeconfig"
+            self.write_kubeconfig(kubeconfig, name, pki[name], pki["ca"])
+            args = [
+                f"--kubeconfig={kubeconfig}",
+                "--leader-elect=false",
+                f"--secure-port={p[name]}",
+                f"--bind-address={HOST}",
+                f"--cert-dir={self.state_dir / name}",
+                "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+                "--kube-api-qps=1000",
+                "--kube-api-burst=2000",
+            ]
+            if name == "kube-controller-manager":
+                args += [
+                    f"--service-account-private-key-file={pki['sa'].key}",
+                    f"--root-ca-file={pki['ca'].cert}",
+                    "--use-service-account-credentials=false",
+                    "--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle",
+                    "--concurrent-daemonset-syncs=10",
+                ]
+            proc = self._spawn(state, name, args, die_with_parent)
+            url = f"https://{HOST}:{p[name]}/healthz"
+            waits.append((proc, functools.partial(_http_ok, url, _insecure())))
+        stages = resources.files("nicop.sim").joinpath("kwok-stages.yaml")
+        stages_path = self.state_dir / "kwok-stages.yaml"
+        stages_path.write_text(stages.read_text())
+        kwok = self._spawn(
+            state,
+            "kwok",
+            [
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={stages_path}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+                "--node-lease-duration-seconds=40",
+                f"--cidr={POD_CIDR}",
+                "--node-ip=10.244.0.1",
+                f"--server-address={HOST}:{p['kwok']}",
+            ],
+            die_with_parent,
+        )
+        waits.append((kwok, lambda: _http_ok(f"http://{HOST}:{p['kwok']}/healthz")))
+        for proc, check in waits:
+            self._wait(proc, "healthy", check)
+        progress(
+            f"kube-controller-manager, kube-scheduler and kwok healthy "
+            f"({time.monotonic() - t:.1f}s)"
+        )
+
+    # ----------------------------------------------------------------- nodes
+    def client(self) -> Any:
+        """A lightkube client for this cluster (imported late: `nicop cluster down` needs none)."""
+        from lightkube import Client, KubeConfig
+
+        return Client(config=KubeConfig.from_file(self.kubeconfig), field_manager="nicop")
+
+    def _create_nodes(self, profiles: list[hardware.Profile], progress: Progress) -> list[str]:
+        from lightkube.core.exceptions import ApiError
+        from lightkube.models.meta_v1 import ObjectMeta
+        from lightkube.resources.core_v1 import Node
+
+        t = time.monotonic()
+        client = self.client()
+        names = []
+        for i, profile in enumerate(profiles, start=1):
+            name = f"node-{i}"
+            names.append(name)
+            labels = {"kubernetes.io/hostname": name, "type": "kwok", **profile.node_labels()}
+            node = Node(
+                metadata=ObjectMeta(
+                    name=name,
+                    labels=labels,
+                    annotations={KWOK_ANNOTATION: "fake", PROFILE_ANNOTATION: profile.name},
+                )
+            )
+            try:
+                client.create(node)
+            except ApiError as e:
+                if e.status.code != 409:
+                    raise
+        deadline = time.monotonic() + 60
+        while True:
+            ready = {n.metadata.name for n in client.list(Node) if _node_ready(n)}
+            if ready.issuperset(names):
+                break
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"nodes {sorted(set(names) - ready)} did not become Ready within 60s; "
+                    f"see {self.log_dir / 'kwok.log'}"
+                )
+            time.sleep(0.2)
+        progress(f"{len(names)} nodes Ready ({time.monotonic() - t:.1f}s)")
+        return names
+
+    # ----------------------------------------------------------------- down
+    def down(self, timeout: float = 15.0) -> list[str]:
+        """Stop every process `up` started, newest first; returns one line per component."""
+        state = self.state()
+        report = []
+        stopping = []
+        for name in reversed(COMPONENTS):
+            proc = state.processes.get(name)
+            if proc is None:
+                continue
+            if not proc.alive():
+                self._reap(proc.pid)
+                report.append(f"{name}: was not running (pid {proc.pid} had exited)")
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+            stopping.append(proc)
+        deadline = time.monotonic() + timeout
+        for proc in stopping:
+            while proc.alive() and time.monotonic() < deadline:
+                self._reap(proc.pid)
+                time.sleep(0.05)
+            if proc.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
+                while proc.alive():
+                    self._reap(proc.pid)
+                    time.sleep(0.02)
+                report.append(f"{proc.name}: killed (pid {proc.pid}, did not stop in {timeout}s)")
+            else:
+                report.append(f"{proc.name}: stopped (pid {proc.pid})")
+            self._reap(proc.pid)
+        state.processes = {}
+        if self.state_file.exists():
+            state.save(self.state_file)
+        return report
+
+    def _reap(self, pid: int) -> None:
+        child = self._children.get(pid)
+        if child is not None and child.poll() is not None:
+            del self._children[pid]
+
+
+@contextlib.contextmanager
+def running_cluster(
+    state_dir: Path, bin_dir: Path | None = None, nodes: int = 4, progress: Progress = print
+) -> Iterator[LocalCluster]:
+    """A cluster that lives as long as the `with` block, and no longer even if the caller dies."""
+    cluster = LocalCluster(state_dir, bin_dir)
+    try:
+        cluster.up(nodes=nodes, die_with_parent=True, progress=progress)
+        yield cluster
+    finally:
+        cluster.down()
+
+
+def _node_ready(node: Any) -> bool:
+    conditions = (node.status and node.status.conditions) or []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def _tls_context(ca: KeyPair, client: KeyPair) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(ca.cert))
+    ctx.load_cert_chain(str(client.cert), str(client.key))
+    return ctx
+
+
+def _insecure() -> ssl.SSLContext:
+    """For the self-signed health endpoints of controller-manager and scheduler."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def _http_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
+            return int(resp.status) == 200
+    except urllib.error.HTTPError:
+        return False
