@@ -19,8 +19,8 @@ cluster_app = typer.Typer(
 )
 app.add_typer(cluster_app, name="cluster")
 
-console = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+console = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 StateDir = Annotated[
     Path,

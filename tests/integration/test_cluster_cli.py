@@ -77,7 +77,7 @@ def test_up_status_down_and_crash(state_dir: Path, controlplane_bin: Path) -> No
     assert down.returncode == 0, down.stderr
     assert "kube-apiserver: was not running" in down.stdout
     for name in ("etcd", "kube-controller-manager", "kube-scheduler", "kwok"):
-        assert f"{name}: stopped" in down.stdout
+        assert f"{name}: stopped" in down.stdout, down.stdout
     assert not any(alive(pid) for pid in started.values())
     # The data stays: certificates, etcd data and the kubeconfig are still there.
     assert (state_dir / "kubeconfig").exists()

@@ -154,9 +154,11 @@ class UpResult:
 class LocalCluster:
     """One local control plane rooted at `state_dir`."""
 
-    def __init__(self, state_dir: Path | None = None, bin_dir: Path | None = None) -> None:
-        self.state_dir = (state_dir or default_state_dir()).resolve()
-        self.bin_dir = (bin_dir or default_bin_dir()).resolve()
+    def __init__(
+        self, state_dir: str | Path | None = None, bin_dir: str | Path | None = None
+    ) -> None:
+        self.state_dir = Path(state_dir or default_state_dir()).resolve()
+        self.bin_dir = Path(bin_dir or default_bin_dir()).resolve()
         self.pki_dir = self.state_dir / "pki"
         self.log_dir = self.state_dir / "logs"
         self.state_file = self.state_dir / "state.json"
@@ -270,8 +272,10 @@ class LocalCluster:
                 ],
             ),
             "admin": ca.issue("admin", "nicop-admin", "system:masters"),
+            # One identity runs every controller (no per-controller service accounts, which
+            # would add a token round trip to start-up), so it needs the widest rights.
             "kube-controller-manager": ca.issue(
-                "kube-controller-manager", "system:kube-controller-manager"
+                "kube-controller-manager", "system:kube-controller-manager", "system:masters"
             ),
             "kube-scheduler": ca.issue("kube-scheduler", "system:kube-scheduler"),
             "sa": service_account_keys(self.pki_dir),
@@ -330,7 +334,7 @@ class LocalCluster:
     ) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not proc.alive():
+            if self._children[proc.pid].poll() is not None:
                 raise ClusterError(
                     f"{proc.name} exited while starting; last lines of {proc.log}:\n"
                     + _tail(Path(proc.log))
@@ -509,11 +513,14 @@ class LocalCluster:
         return names
 
     # ----------------------------------------------------------------- down
-    def down(self, timeout: float = 15.0) -> list[str]:
-        """Stop every process `up` started, newest first; returns one line per component."""
+    def down(self) -> list[str]:
+        """Stop every process `up` started, clients before servers; one report line each.
+
+        Each gets SIGTERM and a grace period, then SIGKILL. etcd's graceful stop spends seconds
+        closing listeners nobody uses any more once the API server is gone, so it gets one second.
+        """
         state = self.state()
         report = []
-        stopping = []
         for name in reversed(COMPONENTS):
             proc = state.processes.get(name)
             if proc is None:
@@ -522,24 +529,23 @@ class LocalCluster:
                 self._reap(proc.pid)
                 report.append(f"{name}: was not running (pid {proc.pid} had exited)")
                 continue
+            grace = 1.0 if name == "etcd" else 10.0
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGTERM)
-            stopping.append(proc)
-        deadline = time.monotonic() + timeout
-        for proc in stopping:
+            deadline = time.monotonic() + grace
             while proc.alive() and time.monotonic() < deadline:
                 self._reap(proc.pid)
-                time.sleep(0.05)
+                time.sleep(0.02)
+            how = "stopped"
             if proc.alive():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGKILL)
                 while proc.alive():
                     self._reap(proc.pid)
                     time.sleep(0.02)
-                report.append(f"{proc.name}: killed (pid {proc.pid}, did not stop in {timeout}s)")
-            else:
-                report.append(f"{proc.name}: stopped (pid {proc.pid})")
+                how = "stopped (SIGKILL)" if name == "etcd" else f"killed after {grace:.0f}s"
             self._reap(proc.pid)
+            report.append(f"{name}: {how} (pid {proc.pid})")
         state.processes = {}
         if self.state_file.exists():
             state.save(self.state_file)

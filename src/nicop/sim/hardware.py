@@ -1,12 +1,25 @@
-"""Hardware profiles of simulated nodes: which NICs a node has, and what OS it runs.
+"""Simulated NIC hardware: which NICs a node has, and the sysfs tree the kernel would show for them.
 
-A profile decides the labels Node Feature Discovery would put on the node (OS, kernel, and
-`pci-15b3.present` when a Mellanox NIC is present). Device IDs are the PCI IDs of the adapters.
+A `Profile` decides the labels Node Feature Discovery would put on the node (OS, kernel, and
+`pci-15b3.present` when a Mellanox NIC is present). `SimulatedHost.build` turns a profile into a
+fixture root holding `/sys/bus/pci/devices`, `/sys/class/{net,infiniband,infiniband_verbs,
+infiniband_mad}`, `/sys/kernel/iommu_groups` and `/dev/infiniband`, laid out like a real node with
+mlx5_core, mlx5_ib, ib_uverbs, ib_umad and rdma_ucm loaded. Its methods change the tree the way
+the kernel does (VFs appear when `sriov_numvfs` is written, links go down, drivers are rebound).
+All state lives in the tree, so `SimulatedHost(root)` can attach to a tree another process built.
+Facts (IDs, formats, numbering, errno rules) are those of the Linux kernel and the adapters.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import contextlib
+import errno
+import os
+import shutil
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
+
+from nicop.node.host import Host
 
 MELLANOX_VENDOR = "15b3"
 NFD_PREFIX = "feature.node.kubernetes.io"
@@ -15,7 +28,7 @@ MELLANOX_PRESENT_LABEL = f"{NFD_PREFIX}/pci-{MELLANOX_VENDOR}.present"
 
 @dataclass(frozen=True)
 class Nic:
-    """One physical NIC (all its ports share the PCI device ID)."""
+    """One physical NIC: `ports` PCI functions (mlx5 has one port per function)."""
 
     model: str
     device_id: str
@@ -23,6 +36,13 @@ class Nic:
     link_type: str  # "eth" or "ib"
     numa_node: int = 0
     vendor_id: str = MELLANOX_VENDOR
+    bus: int | None = None  # PCI bus number; None takes the next free one
+    total_vfs: int = 8  # firmware NUM_OF_VFS per function
+    vf_device_id: str = "101e"
+    fw_version: str = ""
+    board_id: str = ""
+    subsystem_device: str = "0000"
+    revision: int = 0
 
 
 @dataclass(frozen=True)
@@ -57,9 +77,15 @@ class Profile:
         return labels
 
 
-CX6DX = Nic(model="ConnectX-6 Dx", device_id="101d", ports=2, link_type="eth")
-CX7_IB = Nic(model="ConnectX-7", device_id="1021", ports=1, link_type="ib")
-BF3 = Nic(model="BlueField-3", device_id="a2dc", ports=2, link_type="eth")
+CX6DX = Nic(model="ConnectX-6 Dx", device_id="101d", ports=2, link_type="eth", bus=0x3B,
+            fw_version="22.38.1900", board_id="MT_0000000436", subsystem_device="0016")
+CX7_IB = Nic(model="ConnectX-7", device_id="1021", ports=1, link_type="ib", bus=0x4B,
+             fw_version="28.39.1002", board_id="MT_0000000838", subsystem_device="0041")
+BF3 = Nic(model="BlueField-3", device_id="a2dc", ports=2, link_type="eth", bus=0x03,
+          fw_version="32.47.1088", board_id="MT_0000000884", subsystem_device="0022", revision=1)
+
+# The eight compute NICs of a DGX H100: PCI bus and NUMA node of each (DGX OS names ibp<bus>s0).
+DGX_BUSES = ((0x18, 0), (0x40, 0), (0x4F, 0), (0x5E, 0), (0x9A, 1), (0xC0, 1), (0xCE, 1), (0xDC, 1))
 
 PROFILES: dict[str, Profile] = {
     p.name: p
@@ -67,7 +93,7 @@ PROFILES: dict[str, Profile] = {
         Profile(
             "dgx",
             "DGX-like GPU node: 8 ConnectX-7 InfiniBand NICs across 2 NUMA nodes",
-            tuple(Nic(CX7_IB.model, CX7_IB.device_id, 1, "ib", numa_node=i // 4) for i in range(8)),
+            tuple(replace(CX7_IB, bus=bus, numa_node=numa) for bus, numa in DGX_BUSES),
             os_version="22.04",
             kernel="5.15.0-122-generic",
         ),
@@ -100,13 +126,8 @@ PROFILES: dict[str, Profile] = {
             kernel="6.8.0-45-generic",
             nfd_labelled=False,
         ),
-        Profile(
-            "cpu",
-            "CPU-only node without a Mellanox NIC",
-            (),
-            os_version="24.04",
-            kernel="6.8.0-45-generic",
-        ),
+        Profile("cpu", "CPU-only node without a Mellanox NIC", (), os_version="24.04",
+                kernel="6.8.0-45-generic"),
     )
 }
 
@@ -123,3 +144,487 @@ def layout(nodes: int, profiles: list[str] | None = None) -> list[Profile]:
             f"unknown hardware profile {', '.join(unknown)}; known: {', '.join(PROFILES)}"
         )
     return [PROFILES[names[i % len(names)]] for i in range(nodes)]
+
+
+# ------------------------------------------------------------------------------ the sysfs tree
+
+PCI_DEVICES = "/sys/bus/pci/devices"
+PCI_DRIVERS = "/sys/bus/pci/drivers"
+AUX_DEVICES = "/sys/bus/auxiliary/devices"
+CLASS_NET = "/sys/class/net"
+CLASS_IB = "/sys/class/infiniband"
+CLASS_VERBS = "/sys/class/infiniband_verbs"
+CLASS_MAD = "/sys/class/infiniband_mad"
+IOMMU_GROUPS = "/sys/kernel/iommu_groups"
+DEV_IB = "/dev/infiniband"
+DEV_VFIO = "/dev/vfio"
+NUMA_CPUS = ("0-55,112-167", "56-111,168-223")  # a 2-socket Xeon 8480C, as on a DGX H100
+ARPHRD_ETHER, ARPHRD_INFINIBAND = 1, 32
+PF_DRIVER = "mlx5_core"
+
+
+def pci_address(bus: int, devfn: int, domain: int = 0) -> str:
+    return f"{domain:04x}:{bus:02x}:{devfn >> 3:02x}.{devfn & 7:x}"
+
+
+def _split_address(address: str) -> tuple[int, int, int]:
+    """(domain, bus, devfn) of `dddd:bb:dd.f`."""
+    domain, bus, rest = address.split(":")
+    dev, fn = rest.split(".")
+    return int(domain, 16), int(bus, 16), (int(dev, 16) << 3) | int(fn, 16)
+
+
+def _lowest_free(taken: set[int]) -> int:
+    n = 0
+    while n in taken:
+        n += 1
+    return n
+
+
+class SimulatedHost(Host):
+    """A `Host` whose root is a fixture tree, with the kernel's behaviour for the files it changes.
+
+    Writes through `write()` to `sriov_numvfs` take the kernel's path (VFs created or removed,
+    errno on refusal); every other write is a plain file write.
+    """
+
+    def __init__(self, root: Path | str) -> None:
+        super().__init__(root)
+        self._fail_numvfs: dict[str, int] = {}
+
+    # -------------------------------------------------------------------- building
+    @classmethod
+    def build(cls, root: Path | str, profile: Profile | str, seed: int = 0) -> SimulatedHost:
+        """Create the tree of a node with `profile`'s NICs under `root`, all links up.
+
+        `seed` varies MACs and GUIDs between simulated nodes of one cluster.
+        """
+        prof = PROFILES[profile] if isinstance(profile, str) else profile
+        host = cls(root)
+        host.root.mkdir(parents=True, exist_ok=True)
+        for d in (PCI_DEVICES, f"{PCI_DRIVERS}/{PF_DRIVER}", f"{PCI_DRIVERS}/vfio-pci",
+                  AUX_DEVICES, CLASS_NET, CLASS_IB, IOMMU_GROUPS, DEV_IB):
+            host.path(d).mkdir(parents=True, exist_ok=True)
+        host._file(f"{CLASS_VERBS}/abi_version", "6")
+        host._file(f"{CLASS_MAD}/abi_version", "5")
+        host._file("/sys/class/misc/rdma_cm/abi_version", "4")
+        host._file(f"{DEV_IB}/rdma_cm", "")
+        host._file("/etc/hostname", prof.name)
+        used_buses: set[int] = set()
+        for index, nic in enumerate(prof.nics):
+            bus = nic.bus if nic.bus is not None else _lowest_free(used_buses | {0})
+            used_buses.add(bus)
+            host._add_nic(index, nic, bus, seed)
+        return host
+
+    def _add_nic(self, index: int, nic: Nic, bus: int, seed: int) -> None:
+        parent = f"/sys/devices/pci0000:00/0000:00:{index + 1:02x}.0"
+        self._file(f"{parent}/vendor", "0x8086")  # the root port the NIC sits behind
+        for fn in range(nic.ports):
+            address = pci_address(bus, fn)
+            self._add_function(
+                address, parent, nic.vendor_id, nic.device_id, nic.link_type, nic.numa_node,
+                nic.revision, nic.subsystem_device, PF_DRIVER,
+            )
+            dev = self._pci(address)
+            # Dual-function cards reserve room for all of PF0's VFs before PF1's (kernel iov.c).
+            offset = (nic.ports - fn) if fn == 0 else fn * nic.total_vfs + (nic.ports - fn)
+            for name, value in (
+                ("sriov_totalvfs", str(nic.total_vfs)), ("sriov_numvfs", "0"),
+                ("sriov_offset", str(offset)), ("sriov_stride", "1"),
+                ("sriov_vf_device", nic.vf_device_id), ("sriov_drivers_autoprobe", "1"),
+            ):
+                self._file(f"{dev}/{name}", value)
+            mac = f"b8:3f:d2:{seed & 0xFF:02x}:{index:02x}:{fn * 16:02x}"
+            self._file(f"{dev}/.sim/mac", mac)
+            self._file(f"{dev}/.sim/fw", f"{nic.fw_version}\n{nic.board_id}")
+            prefix = "ib" if nic.link_type == "ib" else "en"
+            base = f"{prefix}p{bus}s0" + (f"f{fn}" if nic.ports > 1 else "")
+            name = base if nic.link_type == "ib" else f"{base}np{fn}"
+            self._file(f"{dev}/.sim/vf_base", base)
+            self._bind_mlx5(address, name, mac, guid=_guid(mac))
+
+    def _add_function(
+        self, address: str, parent: str, vendor: str, device: str, link_type: str, numa: int,
+        revision: int, subsystem_device: str, driver: str | None,
+    ) -> None:
+        dev = f"{parent}/{address}"
+        cls_code = 0x020700 if link_type == "ib" else 0x020000
+        self._file(f"{dev}/vendor", f"0x{vendor}")
+        self._file(f"{dev}/device", f"0x{device}")
+        self._file(f"{dev}/class", f"0x{cls_code:06x}")
+        self._file(f"{dev}/revision", f"0x{revision:02x}")
+        self._file(f"{dev}/subsystem_vendor", f"0x{vendor}")
+        self._file(f"{dev}/subsystem_device", f"0x{subsystem_device}")
+        self._file(
+            f"{dev}/modalias",
+            f"pci:v0000{vendor.upper()}d0000{device.upper()}sv0000{vendor.upper()}"
+            f"sd0000{subsystem_device.upper()}bc02sc{(cls_code >> 8) & 0xFF:02X}i00",
+        )
+        self._file(f"{dev}/numa_node", str(numa))
+        self._file(f"{dev}/local_cpulist", NUMA_CPUS[numa % 2] if numa >= 0 else "0-223")
+        self._file(f"{dev}/enable", "1")
+        self._file(f"{dev}/driver_override", "(null)")
+        group = _lowest_free({int(g) for g in self.listdir(IOMMU_GROUPS)})
+        self._link(f"{IOMMU_GROUPS}/{group}/devices/{address}", dev)
+        self._link(f"{dev}/iommu_group", f"{IOMMU_GROUPS}/{group}")
+        self._link(f"{PCI_DEVICES}/{address}", dev)
+        if driver:
+            self._set_driver_link(address, driver)
+
+    # -------------------------------------------------------------------- queries
+    def functions(self) -> list[str]:
+        return self.listdir(PCI_DEVICES)
+
+    def pfs(self) -> list[str]:
+        """PCI addresses of the SR-IOV capable functions."""
+        return [a for a in self.functions() if self.exists(f"{self._pci(a)}/sriov_totalvfs")]
+
+    def vfs(self, pf: str) -> list[str]:
+        dev = self._pci(self.address(pf))
+        links = [n for n in self.listdir(dev) if n.startswith("virtfn")]
+        links.sort(key=lambda n: int(n[len("virtfn"):]))
+        return [self.link_name(f"{dev}/{n}") or "" for n in links]
+
+    def netdev(self, address: str) -> str | None:
+        names = self.listdir(f"{PCI_DEVICES}/{address}/net")
+        return names[0] if names else None
+
+    def rdma_device(self, address: str) -> str | None:
+        names = self.listdir(f"{PCI_DEVICES}/{address}/infiniband")
+        return names[0] if names else None
+
+    def address(self, name: str) -> str:
+        """The PCI address of `name`, a PCI address or a netdev name."""
+        if self.exists(f"{PCI_DEVICES}/{name}"):
+            return name
+        if self.exists(f"{CLASS_NET}/{name}/device"):
+            return self.link_name(f"{CLASS_NET}/{name}/device") or ""
+        raise FileNotFoundError(errno.ENOENT, f"no PCI device or netdev {name!r}", str(self.root))
+
+    # -------------------------------------------------------------------- kernel behaviour
+    def write(self, path: str, text: str) -> None:
+        """A write to a sysfs attribute; `sriov_numvfs` behaves as in the kernel."""
+        real = self.path(path)
+        if real.name == "sriov_numvfs" and real.exists():
+            self.set_numvfs(real.resolve().parent.name, text)
+            return
+        super().write(path, text)
+
+    def fail_numvfs_writes(self, pf: str, err: int | None = errno.EBUSY) -> None:
+        """Make writes to `pf`'s sriov_numvfs fail with `err`, like a busy driver; None heals."""
+        address = self.address(pf)
+        if err is None:
+            self._fail_numvfs.pop(address, None)
+        else:
+            self._fail_numvfs[address] = err
+
+    def set_numvfs(self, pf: str, count: int | str) -> None:
+        """Write `count` to the PF's sriov_numvfs, with the kernel's checks (iov.c)."""
+        address = self.address(pf)
+        dev = self._pci(address)
+        where = f"{PCI_DEVICES}/{address}/sriov_numvfs"
+        if not self.exists(f"{dev}/sriov_totalvfs"):
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", where)
+        try:
+            n = int(str(count).strip())
+            if not 0 <= n <= 0xFFFF:
+                raise ValueError
+        except ValueError:
+            raise OSError(errno.EINVAL, "Invalid argument", where) from None
+        total = int(self._read(f"{dev}/sriov_totalvfs"))
+        current = int(self._read(f"{dev}/sriov_numvfs"))
+        if n > total:
+            raise OSError(errno.ERANGE, "Numerical result out of range", where)
+        if n == current:
+            return
+        if address in self._fail_numvfs:
+            err = self._fail_numvfs[address]
+            raise OSError(err, os.strerror(err), where)
+        if self.link_name(f"{dev}/driver") is None:
+            raise FileNotFoundError(errno.ENOENT, "no driver bound to the PF", where)
+        if n and current:
+            raise OSError(errno.EBUSY, f"{current} VFs already enabled. Disable before "
+                          f"enabling {n} VFs", where)
+        if n == 0:
+            for vf in reversed(self.vfs(address)):
+                self._remove_function(vf)
+            for link in self.listdir(dev):
+                if link.startswith("virtfn"):
+                    os.unlink(self.path(f"{dev}/{link}"))
+        else:
+            self._enable_vfs(address, n)
+        self._file(f"{dev}/sriov_numvfs", str(n))
+
+    def _enable_vfs(self, pf: str, count: int) -> None:
+        dev = self._pci(pf)
+        domain, bus, devfn = _split_address(pf)
+        offset = int(self._read(f"{dev}/sriov_offset"))
+        stride = int(self._read(f"{dev}/sriov_stride"))
+        autoprobe = self._read(f"{dev}/sriov_drivers_autoprobe") == "1"
+        link_type = "ib" if self._read(f"{dev}/class") == "0x020700" else "eth"
+        parent = str(PurePosixPath(dev).parent)
+        pf_mac = self._read(f"{dev}/.sim/mac")
+        base = self._read(f"{dev}/.sim/vf_base")
+        pf_net = self.netdev(pf)
+        up = pf_net is not None and self._read(f"{CLASS_NET}/{pf_net}/operstate") == "up"
+        for i in range(count):
+            pos = devfn + offset + stride * i
+            vf = pci_address(bus + (pos >> 8), pos & 0xFF, domain)
+            self._add_function(
+                vf, parent, self._read(f"{dev}/vendor")[2:], self._read(f"{dev}/sriov_vf_device"),
+                link_type, int(self._read(f"{dev}/numa_node")),
+                int(self._read(f"{dev}/revision"), 16), self._read(f"{dev}/subsystem_device")[2:],
+                PF_DRIVER if autoprobe else None,
+            )
+            self._link(f"{parent}/{vf}/physfn", dev)
+            self._link(f"{dev}/virtfn{i}", f"{parent}/{vf}")
+            self._file(f"{parent}/{vf}/.sim/mac", f"02{pf_mac[2:-2]}{i + 1:02x}")
+            self._file(f"{parent}/{vf}/.sim/fw", self._read(f"{dev}/.sim/fw"))
+            self._file(f"{parent}/{vf}/.sim/netdev", f"{base}v{i}")
+            if autoprobe:
+                self._bind_mlx5(vf, f"{base}v{i}", f"02{pf_mac[2:-2]}{i + 1:02x}",
+                                guid="0000:0000:0000:0000", up=up)
+
+    def set_link(self, ifname: str, up: bool) -> None:
+        """Carrier on or off on `ifname`; a PF's VFs follow it (VF link state `auto`)."""
+        address = self.address(ifname)
+        self._set_link_state(ifname, up)
+        for vf in self.vfs(address) if self.exists(f"{self._pci(address)}/sriov_totalvfs") else []:
+            vf_net = self.netdev(vf)
+            if vf_net:
+                self._set_link_state(vf_net, up)
+
+    def _set_link_state(self, ifname: str, up: bool) -> None:
+        net = f"{CLASS_NET}/{ifname}"
+        self._file(f"{net}/operstate", "up" if up else "down")
+        self._file(f"{net}/carrier", "1" if up else "0")
+        address = self.address(ifname)
+        rdma = self.rdma_device(address)
+        if rdma:
+            port = f"{CLASS_IB}/{rdma}/ports/1"
+            self._file(f"{port}/state", "4: ACTIVE" if up else "1: DOWN")
+            self._file(f"{port}/phys_state", "5: LinkUp" if up else "3: Disabled")
+
+    def bind_driver(self, address: str, driver: str | None) -> None:
+        """Unbind the function's driver, then bind `driver` (`mlx5_core`, `vfio-pci`) if given."""
+        dev = self._pci(address)
+        if self.link_name(f"{dev}/driver") == PF_DRIVER:
+            self._remove_rdma(address)
+            for name in self.listdir(f"{dev}/net"):
+                os.unlink(self.path(f"{CLASS_NET}/{name}"))
+            shutil.rmtree(self.path(f"{dev}/net"), ignore_errors=True)
+        self._unbind(address)
+        if driver == PF_DRIVER:
+            name = self._read(f"{dev}/.sim/netdev")
+            physfn = self.link_name(f"{dev}/physfn")
+            pf_net = physfn and self.netdev(physfn)
+            up = not pf_net or self._read(f"{CLASS_NET}/{pf_net}/operstate") == "up"
+            self._bind_mlx5(address, name, self._read(f"{dev}/.sim/mac"),
+                            guid="0000:0000:0000:0000", up=up)
+        elif driver == "vfio-pci":
+            self._set_driver_link(address, driver)
+            group = self.link_name(f"{dev}/iommu_group")
+            self._file(f"{DEV_VFIO}/vfio", "")
+            self._file(f"{DEV_VFIO}/{group}", "")
+        elif driver is not None:
+            self._set_driver_link(address, driver)
+
+    def remove_rdma(self, address: str) -> None:
+        """The function's RDMA device and its character devices vanish (mlx5_ib detached)."""
+        self._remove_rdma(self.address(address))
+
+    def add_rdma(self, address: str) -> str:
+        """Attach an RDMA device to the function (mlx5_ib probing it); returns its name."""
+        address = self.address(address)
+        dev = self._pci(address)
+        net = self.netdev(address)
+        up = net is not None and self._read(f"{CLASS_NET}/{net}/operstate") == "up"
+        mac = self._read(f"{dev}/.sim/mac")
+        guid = "0000:0000:0000:0000" if self.exists(f"{dev}/physfn") else _guid(mac)
+        return self._add_rdma(address, net, guid, up)
+
+    def add_sf(self, pf: str, sfnum: int) -> str:
+        """Create a scalable function on `pf` (devlink port add, activate); returns its name."""
+        address = self.address(pf)
+        dev = self._pci(address)
+        taken = {int(n.rsplit(".", 1)[1]) for n in self.listdir(AUX_DEVICES) if ".sf." in n}
+        name = f"mlx5_core.sf.{_lowest_free(taken | {0, 1})}"
+        aux = f"{dev}/{name}"
+        self._file(f"{aux}/sfnum", str(sfnum))
+        self._link(f"{aux}/driver", "/sys/bus/auxiliary/drivers/mlx5_core.sf")
+        self._link(f"{AUX_DEVICES}/{name}", aux)
+        mac = f"02{self._read(f'{dev}/.sim/mac')[2:-2]}{0x80 + sfnum % 0x80:02x}"
+        base = self._read(f"{dev}/.sim/vf_base")
+        self._add_netdev(aux, f"{base}s{sfnum}", "eth", mac, up=True)
+        self._add_rdma_at(aux, f"{base}s{sfnum}", _guid(mac), up=True, link_type="eth")
+        return name
+
+    # -------------------------------------------------------------------- internals
+    def _pci(self, address: str) -> str:
+        """The real sysfs directory of a PCI function (what /sys/bus/pci/devices links to)."""
+        link = self.path(f"{PCI_DEVICES}/{address}")
+        return "/" + str(link.resolve().relative_to(self.root.resolve()))
+
+    def _read(self, path: str) -> str:
+        text = self.read(path)
+        if text is None:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+        return text
+
+    def _file(self, path: str, content: str) -> None:
+        p = self.path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(content + "\n" if content else "")
+
+    def _link(self, path: str, target: str) -> None:
+        """A relative symlink, as sysfs has them, so the tree works under any root."""
+        p = self.path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(p):
+            p.unlink()
+        # Spelled up to the target's parent and down again, so even a link to an ancestor (a
+        # netdev's `device`) names its target: ../../../0000:3b:00.0, not ../..
+        parent = os.path.relpath(os.path.dirname(target), os.path.dirname(path))
+        os.symlink(os.path.join(parent, os.path.basename(target)), p)
+
+    def _set_driver_link(self, address: str, driver: str) -> None:
+        dev = self._pci(address)
+        self.path(f"{PCI_DRIVERS}/{driver}").mkdir(parents=True, exist_ok=True)
+        self._link(f"{dev}/driver", f"{PCI_DRIVERS}/{driver}")
+        self._link(f"{PCI_DRIVERS}/{driver}/{address}", dev)
+
+    def _unbind(self, address: str) -> None:
+        dev = self._pci(address)
+        driver = self.link_name(f"{dev}/driver")
+        if driver is None:
+            return
+        os.unlink(self.path(f"{dev}/driver"))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path(f"{PCI_DRIVERS}/{driver}/{address}"))
+        if driver == "vfio-pci":
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path(f"{DEV_VFIO}/{self.link_name(f'{dev}/iommu_group')}"))
+
+    def _bind_mlx5(self, address: str, name: str, mac: str, guid: str, up: bool = True) -> None:
+        """What mlx5_core + mlx5_ib + ib_ipoib do when they probe a function."""
+        dev = self._pci(address)
+        self._set_driver_link(address, PF_DRIVER)
+        link_type = "ib" if self._read(f"{dev}/class") == "0x020700" else "eth"
+        self._add_netdev(dev, name, link_type, mac if link_type == "eth" else _ipoib_addr(guid), up)
+        if link_type == "eth" and not self.exists(f"{dev}/physfn"):
+            self._file(f"{dev}/net/{name}/phys_port_name", f"p{_split_address(address)[2] & 7}")
+        self._add_rdma(address, name, guid, up)
+
+    def _add_netdev(self, dev: str, name: str, link_type: str, address: str, up: bool) -> None:
+        net = f"{dev}/net/{name}"
+        ib = link_type == "ib"
+        ifindex = len(self.listdir(CLASS_NET)) + 2  # 1 is lo
+        for attr, value in (
+            ("type", str(ARPHRD_INFINIBAND if ib else ARPHRD_ETHER)),
+            ("addr_len", "20" if ib else "6"), ("address", address),
+            ("mtu", "4092" if ib else "1500"), ("ifindex", str(ifindex)), ("dev_port", "0"),
+            ("operstate", "up" if up else "down"), ("carrier", "1" if up else "0"),
+            ("speed", ("400000" if ib else "100000") if up else "-1"),
+        ):
+            self._file(f"{net}/{attr}", value)
+        if ib:
+            self._file(f"{net}/pkey", "0xffff")
+            self._file(f"{net}/mode", "datagram")
+        self._link(f"{net}/device", dev)
+        self._link(f"{CLASS_NET}/{name}", net)
+
+    def _add_rdma(self, address: str, netdev: str | None, guid: str, up: bool) -> str:
+        dev = self._pci(address)
+        link_type = "ib" if self._read(f"{dev}/class") == "0x020700" else "eth"
+        return self._add_rdma_at(dev, netdev, guid, up, link_type)
+
+    def _add_rdma_at(
+        self, dev: str, netdev: str | None, guid: str, up: bool, link_type: str
+    ) -> str:
+        taken = {int(n.rsplit("_", 1)[1]) for n in self.listdir(CLASS_IB) if "_" in n}
+        name = f"mlx5_{_lowest_free(taken)}"
+        ib = f"{dev}/infiniband/{name}"
+        fw, _, board = (self.read(f"{dev}/.sim/fw") or "").partition("\n")
+        pci_dev = self.read(f"{dev}/device")
+        for attr, value in (
+            ("node_type", "1: CA"), ("node_guid", guid), ("sys_image_guid", guid),
+            ("fw_ver", fw), ("hca_type", f"MT{int(pci_dev, 16)}" if pci_dev else "MT4126"),
+            ("hw_rev", "0"), ("board_id", board), ("node_desc", f"{name}"),
+        ):
+            self._file(f"{ib}/{attr}", value)
+        port = f"{ib}/ports/1"
+        is_ib = link_type == "ib"
+        for attr, value in (
+            ("state", "4: ACTIVE" if up else "1: DOWN"),
+            ("phys_state", "5: LinkUp" if up else "3: Disabled"),
+            ("link_layer", "InfiniBand" if is_ib else "Ethernet"),
+            ("rate", "400 Gb/sec (4X NDR)" if is_ib else "100 Gb/sec (4X EDR)"),
+            ("lid", "0x0"), ("sm_lid", "0x0"), ("pkeys/0", "0xffff"),
+            ("gids/0", f"fe80:0000:0000:0000:{guid}"),
+        ):
+            self._file(f"{port}/{attr}", value)
+        if not is_ib and netdev:
+            self._file(f"{port}/gid_attrs/ndevs/0", netdev)
+            self._file(f"{port}/gid_attrs/types/0", "IB/RoCE v1")
+        self._link(f"{ib}/device", dev)
+        self._link(f"{CLASS_IB}/{name}", ib)
+        verbs = _lowest_free({int(n[6:]) for n in self.listdir(CLASS_VERBS) if n[6:].isdigit()})
+        mad = _lowest_free({int(n[4:]) for n in self.listdir(CLASS_MAD)
+                            if n.startswith("umad")})
+        for cls, entry, files in (
+            (CLASS_VERBS, f"uverbs{verbs}", {"ibdev": name, "abi_version": "1",
+                                              "dev": f"231:{192 + verbs}"}),
+            (CLASS_MAD, f"umad{mad}", {"ibdev": name, "port": "1", "dev": f"231:{mad}"}),
+            (CLASS_MAD, f"issm{mad}", {"ibdev": name, "port": "1", "dev": f"231:{64 + mad}"}),
+        ):
+            where = f"{dev}/{PurePosixPath(cls).name}/{entry}"
+            for attr, value in files.items():
+                self._file(f"{where}/{attr}", value)
+            self._link(f"{where}/device", dev)
+            self._link(f"{cls}/{entry}", where)
+            self._file(f"{DEV_IB}/{entry}", "")
+        return name
+
+    def _remove_rdma(self, address: str) -> None:
+        self._remove_rdma_at(self._pci(address))
+
+    def _remove_rdma_at(self, dev: str) -> None:
+        for cls in (CLASS_VERBS, CLASS_MAD):
+            sub = f"{dev}/{PurePosixPath(cls).name}"
+            for entry in self.listdir(sub):
+                for path in (f"{cls}/{entry}", f"{DEV_IB}/{entry}"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.path(path))
+            shutil.rmtree(self.path(sub), ignore_errors=True)
+        for name in self.listdir(f"{dev}/infiniband"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path(f"{CLASS_IB}/{name}"))
+        shutil.rmtree(self.path(f"{dev}/infiniband"), ignore_errors=True)
+
+    def _remove_function(self, address: str) -> None:
+        dev = self._pci(address)
+        self._unbind(address)
+        self._remove_rdma_at(dev)
+        for name in self.listdir(f"{dev}/net"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path(f"{CLASS_NET}/{name}"))
+        group = self.link_name(f"{dev}/iommu_group")
+        if group is not None:
+            shutil.rmtree(self.path(f"{IOMMU_GROUPS}/{group}"), ignore_errors=True)
+        os.unlink(self.path(f"{PCI_DEVICES}/{address}"))
+        shutil.rmtree(self.path(dev))
+
+
+def _guid(mac: str) -> str:
+    """The node GUID mlx5 derives from a MAC: OUI, 03:00, then the low three bytes."""
+    b = mac.split(":")
+    return f"{b[0]}{b[1]}:{b[2]}03:00{b[3]}:{b[4]}{b[5]}"
+
+
+def _ipoib_addr(guid: str) -> str:
+    """An IPoIB hardware address: flags and QPN, then the port GID (fe80::<port GUID>)."""
+    g = guid.replace(":", "")
+    gid = "fe80000000000000" + g
+    return "00:00:10:47:" + ":".join(gid[i:i + 2] for i in range(0, 32, 2))
+
