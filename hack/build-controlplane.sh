@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kwok) from the published Go modules pinned in hack/controlplane/go.mod.
+# kube-scheduler, kwok, and kubectl to look at it) from the published Go modules pinned in hack/controlplane/go.mod.
 # Binaries go to a cache directory keyed by the pins, so a machine builds them once.
 # Prints the directory holding the binaries as its last line.
 set -euo pipefail
@@ -21,7 +21,7 @@ esac
 
 key=$(cat "$mod/go.mod" "$mod/go.sum" | sha256sum | cut -c1-12)
 out="$cache_root/controlplane/$key"
-binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok kubectl)
 
 missing=()
 for b in "${binaries[@]}"; do [ -x "$out/bin/$b" ] || missing+=("$b"); done
@@ -46,8 +46,9 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 start=$SECONDS
+total=$((${#binaries[@]} + 1))
 step "building ${missing[*]} into $out/bin ($go_version, $(nproc) cores; a cold build takes many minutes)"
-step "1/6 downloading Go modules"
+step "1/$total downloading Go modules"
 go mod download || fail "download modules" "could not fetch the modules in hack/controlplane/go.mod from the Go module proxy ($(go env GOPROXY))"
 go mod verify >/dev/null || fail "download modules" "module checksums do not match hack/controlplane/go.sum"
 mkdir -p "$out/bin"
@@ -57,17 +58,18 @@ declare -A pkgs=(
   [kube-controller-manager]=k8s.io/kubernetes/cmd/kube-controller-manager
   [kube-scheduler]=k8s.io/kubernetes/cmd/kube-scheduler
   [kwok]=sigs.k8s.io/kwok/cmd/kwok
+  [kubectl]=k8s.io/kubernetes/cmd/kubectl
 )
 n=1
 for b in "${binaries[@]}"; do
   n=$((n + 1))
-  if [ -x "$out/bin/$b" ]; then step "$n/6 $b: cached"; continue; fi
+  if [ -x "$out/bin/$b" ]; then step "$n/$total $b: cached"; continue; fi
   t=$SECONDS
-  step "$n/6 compiling $b (${pkgs[$b]})"
+  step "$n/$total compiling $b (${pkgs[$b]})"
   go build -trimpath -ldflags "$stamp" -o "$out/bin/$b.tmp" "${pkgs[$b]}" \
     || fail "compile $b" "go build ${pkgs[$b]} failed (see the compiler output above)"
   mv "$out/bin/$b.tmp" "$out/bin/$b"
-  step "$n/6 $b done in $((SECONDS - t))s"
+  step "$n/$total $b done in $((SECONDS - t))s"
 done
 link_current
 step "built in $((SECONDS - start))s, $(du -sh "$out/bin" | cut -f1) on disk"

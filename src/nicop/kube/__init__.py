@@ -1,0 +1,1 @@
+"""A small level-triggered controller runtime on asyncio: client, informers, queue, leases."""

@@ -1,0 +1,254 @@
+"""A small async Kubernetes API client on plain dicts, counting every request by verb.
+
+Authentication, TLS and the server address come from lightkube's kubeconfig handling (kubeconfig
+file, $KUBECONFIG or the in-cluster service account). On top of it: server-side apply with one
+field manager, watches with bookmarks, metadata-only lists, and the Eviction API.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx2 as httpx
+from lightkube.config import client_adapter
+from lightkube.config.kubeconfig import KubeConfig
+from prometheus_client import Counter
+
+from nicop.kube.resources import POD, Obj, Resource, resource_of
+
+FIELD_MANAGER = "nicop"
+METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+METADATA_ONLY_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+PATCH_TYPES = {
+    "merge": "application/merge-patch+json",
+    "json": "application/json-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+    "apply": "application/apply-patch+yaml",
+}
+WRITE_VERBS = frozenset({"create", "apply", "patch", "update", "delete", "evict"})
+
+API_REQUESTS = Counter(
+    "nicop_api_requests_total", "Requests sent to the Kubernetes API", ["verb", "resource"]
+)
+
+
+class ApiError(Exception):
+    """A non-2xx answer of the API server, with its Status reason and message."""
+
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(f"{code} {reason}: {message}")
+        self.code = code
+        self.reason = reason
+        self.message = message
+
+
+def load_config(kubeconfig: str | Path | None = None) -> Any:
+    """Connection settings: the given kubeconfig, else $KUBECONFIG or ~/.kube, else in-cluster."""
+    if kubeconfig:
+        return KubeConfig.from_file(kubeconfig).get()
+    return KubeConfig.from_env().get()
+
+
+class ApiClient:
+    def __init__(self, kubeconfig: str | Path | None = None, timeout: float = 30.0) -> None:
+        self.config = load_config(kubeconfig)
+        self._http = client_adapter.AsyncClient(
+            self.config, client_adapter.ConnectionParams(timeout=httpx.Timeout(timeout))
+        )
+        # (verb, plural) -> count, so tests and benchmarks can count what a reconcile sent.
+        self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    def writes(self, exclude: tuple[str, ...] = ("leases", "events")) -> int:
+        """Write requests sent so far, leaving out lease renewals and Events by default."""
+        return sum(
+            n for (verb, plural), n in self.requests.items()
+            if verb in WRITE_VERBS and plural not in exclude
+        )
+
+    def _count(self, verb: str, res: Resource) -> None:
+        self.requests[verb, res.plural] += 1
+        API_REQUESTS.labels(verb, res.plural).inc()
+
+    async def _send(
+        self,
+        verb: str,
+        res: Resource,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        accept: str = "application/json",
+    ) -> Obj:
+        self._count(verb, res)
+        content = None if body is None else json.dumps(body)
+        headers = {"Accept": accept}
+        if content is not None:
+            headers["Content-Type"] = content_type
+        resp = await self._http.request(method, path, params=params, content=content,
+                                        headers=headers)
+        if resp.status_code >= 400:
+            raise _error(resp.status_code, resp.content)
+        return resp.json() if resp.content else {}
+
+    # ------------------------------------------------------------------ reads
+    async def get(self, res: Resource, name: str, namespace: str | None = None) -> Obj:
+        return await self._send("get", res, "GET", res.path(namespace, name))
+
+    async def get_or_none(
+        self, res: Resource, name: str, namespace: str | None = None
+    ) -> Obj | None:
+        try:
+            return await self.get(res, name, namespace)
+        except ApiError as e:
+            if e.code == 404:
+                return None
+            raise
+
+    async def list(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        metadata_only: bool = False,
+    ) -> tuple[list[Obj], str]:
+        """All matching objects and the list's resourceVersion (pages through `continue`)."""
+        items: list[Obj] = []
+        params: dict[str, Any] = {"limit": 500}
+        if label_selector:
+            params["labelSelector"] = label_selector
+        if field_selector:
+            params["fieldSelector"] = field_selector
+        while True:
+            page = await self._send("list", res, "GET", res.path(namespace), params=params,
+                                    accept=METADATA_ONLY if metadata_only else "application/json")
+            for item in page.get("items", []):
+                item.setdefault("apiVersion", res.api_version)
+                item.setdefault("kind", res.kind)
+                items.append(item)
+            token = page.get("metadata", {}).get("continue")
+            if not token:
+                return items, page.get("metadata", {}).get("resourceVersion", "")
+            params["continue"] = token
+
+    async def watch(
+        self,
+        res: Resource,
+        resource_version: str,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        metadata_only: bool = False,
+        timeout_seconds: int = 300,
+    ) -> AsyncIterator[tuple[str, Obj]]:
+        """Yield (type, object) from one watch request; an ERROR event raises (410: relist)."""
+        params: dict[str, Any] = {
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": resource_version,
+            "timeoutSeconds": timeout_seconds,
+        }
+        if label_selector:
+            params["labelSelector"] = label_selector
+        if field_selector:
+            params["fieldSelector"] = field_selector
+        self._count("watch", res)
+        headers = {"Accept": METADATA_ONLY_WATCH if metadata_only else "application/json"}
+        timeout = httpx.Timeout(10, read=timeout_seconds + 30)
+        async with self._http.stream("GET", res.path(namespace), params=params,
+                                     headers=headers, timeout=timeout) as resp:
+            if resp.status_code >= 400:
+                raise _error(resp.status_code, await resp.aread())
+            async for line in resp.aiter_lines():
+                if not line:
+                    continue
+                event = json.loads(line)
+                if event["type"] == "ERROR":
+                    status = event["object"]
+                    raise ApiError(status.get("code", 500), status.get("reason", ""),
+                                   status.get("message", ""))
+                obj = event["object"]
+                obj.setdefault("apiVersion", res.api_version)
+                obj.setdefault("kind", res.kind)
+                yield event["type"], obj
+
+    # ------------------------------------------------------------------ writes
+    async def create(self, obj: Obj) -> Obj:
+        res = resource_of(obj)
+        ns = obj["metadata"].get("namespace")
+        return await self._send("create", res, "POST", res.path(ns), body=obj)
+
+    async def apply(
+        self, obj: Obj, *, subresource: str | None = None, force: bool = True,
+        res: Resource | None = None,
+    ) -> Obj:
+        """Server-side apply of `obj` (which holds only the fields nicop owns)."""
+        res = res or resource_of(obj)
+        m = obj["metadata"]
+        path = res.path(m.get("namespace"), m["name"])
+        if subresource:
+            path += f"/{subresource}"
+        params = {"fieldManager": FIELD_MANAGER, "force": "true" if force else "false"}
+        return await self._send("apply", res, "PATCH", path, params=params, body=obj,
+                                content_type=PATCH_TYPES["apply"])
+
+    async def patch(
+        self,
+        res: Resource,
+        name: str,
+        body: Any,
+        namespace: str | None = None,
+        *,
+        patch_type: Literal["merge", "json", "strategic"] = "merge",
+        subresource: str | None = None,
+    ) -> Obj:
+        path = res.path(namespace, name) + (f"/{subresource}" if subresource else "")
+        return await self._send("patch", res, "PATCH", path, body=body,
+                                params={"fieldManager": FIELD_MANAGER},
+                                content_type=PATCH_TYPES[patch_type])
+
+    async def update(self, obj: Obj, *, subresource: str | None = None) -> Obj:
+        res = resource_of(obj)
+        m = obj["metadata"]
+        path = res.path(m.get("namespace"), m["name"]) + (f"/{subresource}" if subresource else "")
+        return await self._send("update", res, "PUT", path, body=obj,
+                                params={"fieldManager": FIELD_MANAGER})
+
+    async def delete(
+        self, res: Resource, name: str, namespace: str | None = None, *,
+        propagation: str = "Background", missing_ok: bool = True,
+    ) -> None:
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation}
+        try:
+            await self._send("delete", res, "DELETE", res.path(namespace, name), body=body)
+        except ApiError as e:
+            if not (missing_ok and e.code == 404):
+                raise
+
+    async def evict(self, name: str, namespace: str) -> None:
+        """Evict through the Eviction API, so PodDisruptionBudgets hold (429: not now)."""
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        await self._send("evict", POD, "POST", POD.path(namespace, name) + "/eviction", body=body)
+
+
+def _error(code: int, content: bytes) -> ApiError:
+    try:
+        status = json.loads(content)
+        return ApiError(code, status.get("reason", ""), status.get("message", content.decode()))
+    except (ValueError, AttributeError):
+        return ApiError(code, "", content.decode(errors="replace"))

@@ -1,0 +1,183 @@
+"""Informers: an in-memory, indexed copy of one kind of object, kept current by list + watch.
+
+Level-triggered controllers read the cache instead of the API server; handlers only enqueue
+keys. Watches ask for bookmarks (so a quiet watch still advances its resourceVersion) and a 410
+Gone relists, reporting what changed meanwhile as ordinary add/update/delete events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import httpx2 as httpx
+
+from nicop.kube.client import ApiClient, ApiError
+from nicop.kube.resources import Obj, Resource, key_of
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[str, Obj, Obj | None], None]
+IndexFunc = Callable[[Obj], Iterable[str]]
+
+
+class Store:
+    """Objects by key, with secondary indexes (e.g. pods by node name)."""
+
+    def __init__(self) -> None:
+        self._objects: dict[str, Obj] = {}
+        self._index_funcs: dict[str, IndexFunc] = {}
+        self._indexes: dict[str, dict[str, set[str]]] = {}
+
+    def add_index(self, name: str, func: IndexFunc) -> None:
+        self._index_funcs[name] = func
+        self._indexes[name] = {}
+        for key, obj in self._objects.items():
+            self._index(name, key, obj)
+
+    def _index(self, name: str, key: str, obj: Obj) -> None:
+        for value in self._index_funcs[name](obj):
+            self._indexes[name].setdefault(value, set()).add(key)
+
+    def _unindex(self, key: str, obj: Obj) -> None:
+        for name, func in self._index_funcs.items():
+            for value in func(obj):
+                keys = self._indexes[name].get(value)
+                if keys is not None:
+                    keys.discard(key)
+                    if not keys:
+                        del self._indexes[name][value]
+
+    def put(self, obj: Obj) -> Obj | None:
+        key = key_of(obj)
+        old = self._objects.get(key)
+        if old is not None:
+            self._unindex(key, old)
+        self._objects[key] = obj
+        for name in self._index_funcs:
+            self._index(name, key, obj)
+        return old
+
+    def remove(self, key: str) -> Obj | None:
+        old = self._objects.pop(key, None)
+        if old is not None:
+            self._unindex(key, old)
+        return old
+
+    def get(self, key: str) -> Obj | None:
+        return self._objects.get(key)
+
+    def items(self) -> list[Obj]:
+        return [*self._objects.values()]
+
+    def keys(self) -> set[str]:
+        return set(self._objects)
+
+    def by_index(self, name: str, value: str) -> list[Obj]:
+        return [self._objects[k] for k in self._indexes[name].get(value, ())]
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+
+class Informer:
+    def __init__(
+        self,
+        client: ApiClient,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        metadata_only: bool = False,
+        watch_timeout: int = 300,
+    ) -> None:
+        self.client = client
+        self.res = res
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.field_selector = field_selector
+        self.metadata_only = metadata_only
+        self.watch_timeout = watch_timeout
+        self.store = Store()
+        self.synced = asyncio.Event()
+        self.relists = 0
+        self._handlers: list[Handler] = []
+        self._rv = ""
+
+    def on_change(self, handler: Handler) -> None:
+        """Call handler(event, obj, old) for ADDED/MODIFIED/DELETED; it must not block."""
+        self._handlers.append(handler)
+
+    def _emit(self, event: str, obj: Obj, old: Obj | None) -> None:
+        for handler in self._handlers:
+            try:
+                handler(event, obj, old)
+            except Exception:
+                log.exception("informer handler failed", extra={"kind": self.res.kind})
+
+    def _selectors(self) -> dict[str, Any]:
+        return {
+            "label_selector": self.label_selector,
+            "field_selector": self.field_selector,
+            "metadata_only": self.metadata_only,
+        }
+
+    async def _relist(self) -> None:
+        items, self._rv = await self.client.list(self.res, self.namespace, **self._selectors())
+        seen = set()
+        for obj in items:
+            seen.add(key_of(obj))
+            old = self.store.put(obj)
+            if old is None:
+                self._emit("ADDED", obj, None)
+            elif old.get("metadata", {}).get("resourceVersion") != obj["metadata"].get(
+                "resourceVersion"
+            ):
+                self._emit("MODIFIED", obj, old)
+        for key in self.store.keys() - seen:
+            gone = self.store.remove(key)
+            if gone is not None:
+                self._emit("DELETED", gone, gone)
+        self.relists += 1
+        self.synced.set()
+
+    async def run(self) -> None:
+        """List, then watch forever; relist on 410 Gone, back off on other errors.
+
+        Run again after a stop, it resumes watching from the last resourceVersion it saw.
+        """
+        backoff = 0.2
+        need_list = not self._rv
+        while True:
+            try:
+                if need_list:
+                    await self._relist()
+                    need_list = False
+                async for event, obj in self.client.watch(
+                    self.res, self._rv, self.namespace, timeout_seconds=self.watch_timeout,
+                    **self._selectors(),
+                ):
+                    self._rv = obj.get("metadata", {}).get("resourceVersion", self._rv)
+                    if event == "BOOKMARK":
+                        continue
+                    if event == "DELETED":
+                        self.store.remove(key_of(obj))
+                        self._emit("DELETED", obj, obj)
+                    else:
+                        old = self.store.put(obj)
+                        self._emit("ADDED" if old is None else "MODIFIED", obj, old)
+                backoff = 0.2
+            except ApiError as e:
+                if e.code == 410:
+                    need_list = True
+                    continue
+                log.warning("watch of %s failed: %s; retrying in %.1fs", self.res, e, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30)
+            except (OSError, ValueError, httpx.HTTPError) as e:  # reset or truncated stream
+                log.warning("watch of %s broke: %s; retrying in %.1fs", self.res, e, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30)

@@ -1,0 +1,138 @@
+"""Lease-based leader election (coordination.k8s.io/v1), as client-go does it.
+
+The leader renews the Lease every `retry_period`; a standby takes it over once `renewTime +
+leaseDurationSeconds` has passed. Updates carry the resourceVersion they read, so two candidates
+can never both win. A leader that cannot renew within `renew_deadline` stops leading.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+from typing import Any
+
+from nicop.kube.client import ApiClient, ApiError
+from nicop.kube.resources import LEASE, Obj
+
+log = logging.getLogger(__name__)
+
+
+class LostLeadership(Exception):
+    pass
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _format(t: datetime.datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse(value: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+class LeaderElector:
+    def __init__(
+        self,
+        client: ApiClient,
+        namespace: str,
+        name: str,
+        identity: str,
+        *,
+        lease_duration: float = 15.0,
+        renew_deadline: float = 10.0,
+        retry_period: float = 2.0,
+    ) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.lease_duration = lease_duration
+        self.renew_deadline = renew_deadline
+        self.retry_period = retry_period
+        self.is_leader = False
+
+    async def acquire(self) -> None:
+        """Wait until this candidate holds the lease."""
+        while not await self._try_acquire_or_renew():
+            await asyncio.sleep(self.retry_period)
+        self.is_leader = True
+        log.info("became leader", extra={"kind": "Lease", "namespace": self.namespace,
+                                         "name": self.name, "identity": self.identity})
+
+    async def keep(self) -> None:
+        """Renew forever; raises LostLeadership when renewing fails for `renew_deadline`."""
+        last_renew = asyncio.get_running_loop().time()
+        while True:
+            await asyncio.sleep(self.retry_period)
+            try:
+                ok = await self._try_acquire_or_renew()
+            except (ApiError, OSError) as e:
+                log.warning("lease renewal failed: %s", e)
+                ok = False
+            now = asyncio.get_running_loop().time()
+            if ok:
+                last_renew = now
+            elif now - last_renew > self.renew_deadline:
+                self.is_leader = False
+                raise LostLeadership(f"could not renew lease {self.namespace}/{self.name}")
+
+    async def release(self) -> None:
+        """Give the lease up on a clean shutdown, so a standby need not wait for it to expire."""
+        if not self.is_leader:
+            return
+        lease = await self.client.get_or_none(LEASE, self.name, self.namespace)
+        if lease and lease["spec"].get("holderIdentity") == self.identity:
+            lease["spec"]["holderIdentity"] = ""
+            lease["spec"]["leaseDurationSeconds"] = 1
+            try:
+                await self.client.update(lease)
+            except ApiError as e:
+                log.warning("could not release lease: %s", e)
+        self.is_leader = False
+
+    async def _try_acquire_or_renew(self) -> bool:
+        now = _now()
+        lease = await self.client.get_or_none(LEASE, self.name, self.namespace)
+        spec: dict[str, Any] = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": int(self.lease_duration),
+            "renewTime": _format(now),
+        }
+        if lease is None:
+            obj: Obj = {
+                "apiVersion": LEASE.api_version, "kind": LEASE.kind,
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": {**spec, "acquireTime": _format(now), "leaseTransitions": 0},
+            }
+            try:
+                await self.client.create(obj)
+            except ApiError as e:
+                if e.code == 409:
+                    return False
+                raise
+            return True
+        old = lease.get("spec", {})
+        holder = old.get("holderIdentity") or ""
+        if holder and holder != self.identity:
+            renewed = old.get("renewTime")
+            duration = old.get("leaseDurationSeconds", self.lease_duration)
+            if renewed and _parse(renewed) + datetime.timedelta(seconds=duration) > now:
+                return False
+        if holder == self.identity:
+            spec["acquireTime"] = old.get("acquireTime", _format(now))
+            spec["leaseTransitions"] = old.get("leaseTransitions", 0)
+        else:
+            spec["acquireTime"] = _format(now)
+            spec["leaseTransitions"] = old.get("leaseTransitions", 0) + 1
+        lease["spec"] = spec
+        try:
+            await self.client.update(lease)
+        except ApiError as e:
+            if e.code == 409:
+                return False
+            raise
+        return True

@@ -1,0 +1,143 @@
+"""Controllers and the manager that runs them: informers first, then reconcile workers.
+
+A controller is a work queue plus a `reconcile(key)` coroutine. Informer handlers map events to
+keys; the reconcile reads the informer caches and writes with server-side apply. Errors requeue
+the key with exponential backoff; a Result can ask for a later look (e.g. while pods start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from prometheus_client import Counter, Histogram
+
+from nicop.kube.client import ApiClient
+from nicop.kube.informer import Informer
+from nicop.kube.leader import LeaderElector
+from nicop.kube.resources import Resource
+from nicop.kube.serve import serve
+from nicop.kube.workqueue import WorkQueue
+
+log = logging.getLogger(__name__)
+
+RECONCILES = Counter("nicop_reconcile_total", "Reconciles by controller and result",
+                     ["controller", "result"])
+RECONCILE_SECONDS = Histogram("nicop_reconcile_seconds", "Reconcile duration", ["controller"])
+
+
+@dataclass
+class Result:
+    requeue_after: float | None = None
+
+
+Reconcile = Callable[[str], Awaitable[Result | None]]
+
+
+class Controller:
+    def __init__(self, name: str, reconcile: Reconcile, workers: int = 1) -> None:
+        self.name = name
+        self.reconcile = reconcile
+        self.workers = workers
+        self.queue = WorkQueue(name)
+
+    async def run(self) -> None:
+        await asyncio.gather(*(self._worker() for _ in range(self.workers)))
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            start = time.perf_counter()
+            try:
+                result = await self.reconcile(key)
+            except Exception:
+                delay = self.queue.add_rate_limited(key)
+                RECONCILES.labels(self.name, "error").inc()
+                log.exception("reconcile failed; retrying in %.2fs", delay,
+                              extra={"controller": self.name, "key": key})
+            else:
+                self.queue.forget(key)
+                RECONCILES.labels(self.name, "success").inc()
+                if result and result.requeue_after is not None:
+                    self.queue.add_after(key, result.requeue_after)
+            finally:
+                RECONCILE_SECONDS.labels(self.name).observe(time.perf_counter() - start)
+                self.queue.done(key)
+
+
+class Manager:
+    """Owns the client, the shared informers and the controllers of one process."""
+
+    def __init__(
+        self,
+        client: ApiClient,
+        *,
+        elector: LeaderElector | None = None,
+        health_address: tuple[str, int] | None = None,
+    ) -> None:
+        self.client = client
+        self.elector = elector
+        self.health_address = health_address
+        self.informers: dict[tuple[Resource, str | None, str | None, str | None, bool],
+                             Informer] = {}
+        self.controllers: list[Controller] = []
+        self.ready = False
+        self.server: asyncio.Server | None = None
+
+    def informer(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        metadata_only: bool = False,
+    ) -> Informer:
+        """The shared informer for these parameters (created on first ask)."""
+        key = (res, namespace, label_selector, field_selector, metadata_only)
+        if key not in self.informers:
+            self.informers[key] = Informer(
+                self.client, res, namespace, label_selector=label_selector,
+                field_selector=field_selector, metadata_only=metadata_only,
+            )
+        return self.informers[key]
+
+    def add(self, controller: Controller) -> Controller:
+        self.controllers.append(controller)
+        return controller
+
+    async def run(self) -> None:
+        """Serve health, wait for leadership, sync caches, then reconcile until cancelled."""
+        if self.health_address:
+            self.server = await serve(*self.health_address, ready=lambda: self.ready)
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            if self.elector:
+                await self.elector.acquire()
+                tasks.append(asyncio.create_task(self.elector.keep()))
+            tasks += [asyncio.create_task(i.run()) for i in self.informers.values()]
+            await asyncio.gather(*(i.synced.wait() for i in self.informers.values()))
+            self.ready = True
+            log.info("caches synced; starting %d controllers", len(self.controllers))
+            tasks += [asyncio.create_task(c.run()) for c in self.controllers]
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()  # re-raise (e.g. LostLeadership)
+        finally:
+            self.ready = False
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            for c in self.controllers:
+                c.queue.shutdown()
+            if self.elector:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.elector.release())
+            if self.server:
+                self.server.close()

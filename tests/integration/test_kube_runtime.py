@@ -1,0 +1,171 @@
+"""The controller runtime against the real API server: informers, leases, events, probes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from nicop.kube.client import ApiClient
+from nicop.kube.events import EventRecorder
+from nicop.kube.informer import Informer
+from nicop.kube.leader import LeaderElector
+from nicop.kube.manager import Controller, Manager, Result
+from nicop.kube.resources import CONFIGMAP, EVENT, LEASE, NODE
+from nicop.sim.cluster import free_port
+
+T = TypeVar("T")
+
+
+def run(kubeconfig: Path, body: Callable[[ApiClient], Awaitable[T]]) -> T:
+    async def main() -> T:
+        client = ApiClient(kubeconfig)
+        try:
+            return await body(client)
+        finally:
+            await client.close()
+
+    return asyncio.run(main())
+
+
+async def until(predicate: Callable[[], Any], timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.05)
+
+
+def configmap(name: str, namespace: str, **labels: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "data": {"k": "v"}}
+
+
+def test_informer_follows_adds_updates_deletes_with_a_label_selector(
+    kubeconfig: Path, namespace: str
+) -> None:
+    async def body(client: ApiClient) -> None:
+        informer = Informer(client, CONFIGMAP, namespace, label_selector="app=mine")
+        events: list[tuple[str, str]] = []
+        informer.on_change(lambda ev, obj, old: events.append((ev, obj["metadata"]["name"])))
+        await client.create(configmap("before", namespace, app="mine"))
+        task = asyncio.create_task(informer.run())
+        await asyncio.wait_for(informer.synced.wait(), 10)
+        assert informer.store.get(f"{namespace}/before") is not None
+
+        await client.create(configmap("after", namespace, app="mine"))
+        await client.create(configmap("other", namespace, app="theirs"))
+        await client.patch(CONFIGMAP, "before", {"data": {"k": "w"}}, namespace)
+        await client.delete(CONFIGMAP, "after", namespace)
+        await until(lambda: ("DELETED", "after") in events)
+        assert informer.store.get(f"{namespace}/before")["data"] == {"k": "w"}  # type: ignore[index]
+        assert ("MODIFIED", "before") in events
+        assert all(name != "other" for _, name in events), "the selector is applied by the server"
+        task.cancel()
+
+    run(kubeconfig, body)
+
+
+def test_metadata_only_node_informer(kubeconfig: Path) -> None:
+    async def body(client: ApiClient) -> None:
+        informer = Informer(client, NODE, metadata_only=True)
+        task = asyncio.create_task(informer.run())
+        await asyncio.wait_for(informer.synced.wait(), 10)
+        node = informer.store.get("node-1")
+        assert node is not None
+        assert node["metadata"]["labels"]["kubernetes.io/hostname"] == "node-1"
+        assert "status" not in node and "spec" not in node
+        task.cancel()
+
+    run(kubeconfig, body)
+
+
+def test_leader_election_hands_over_when_the_leader_stops_renewing(
+    kubeconfig: Path, namespace: str
+) -> None:
+    async def body(client: ApiClient) -> None:
+        timing = {"lease_duration": 2.0, "renew_deadline": 1.5, "retry_period": 0.2}
+        first = LeaderElector(client, namespace, "lock", "first", **timing)
+        second = LeaderElector(client, namespace, "lock", "second", **timing)
+        await first.acquire()
+        keeping = asyncio.create_task(first.keep())
+        waiting = asyncio.create_task(second.acquire())
+        await asyncio.sleep(2.5)
+        assert not waiting.done(), "a second candidate must wait while the leader renews"
+        keeping.cancel()  # the leader dies without releasing
+        start = asyncio.get_running_loop().time()
+        await asyncio.wait_for(waiting, 5)
+        took = asyncio.get_running_loop().time() - start
+        assert took <= timing["lease_duration"] + 2 * timing["retry_period"] + 0.5
+        lease = await client.get(LEASE, "lock", namespace)
+        assert lease["spec"]["holderIdentity"] == "second"
+        assert lease["spec"]["leaseTransitions"] == 1
+
+    run(kubeconfig, body)
+
+
+def test_repeated_events_are_counted_not_duplicated(kubeconfig: Path, namespace: str) -> None:
+    async def body(client: ApiClient) -> None:
+        cm = await client.create(configmap("subject", namespace))
+        recorder = EventRecorder(client)
+        await recorder.emit(cm, "Warning", "NotReady", "rdma device plugin not ready")
+        await recorder.emit(cm, "Warning", "NotReady", "rdma device plugin not ready")
+        events, _ = await client.list(EVENT, namespace)
+        mine = [e for e in events if e["involvedObject"]["name"] == "subject"]
+        assert len(mine) == 1
+        assert mine[0]["count"] == 2
+        assert mine[0]["reason"] == "NotReady"
+
+    run(kubeconfig, body)
+
+
+def test_manager_reconciles_and_serves_probes_and_metrics(
+    kubeconfig: Path, namespace: str
+) -> None:
+    port = free_port()
+
+    def get(path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, ""
+
+    async def body(client: ApiClient) -> None:
+        manager = Manager(client, health_address=("127.0.0.1", port))
+        informer = manager.informer(CONFIGMAP, namespace)
+        seen: list[str] = []
+        attempts: dict[str, int] = {}
+
+        async def reconcile(key: str) -> Result | None:
+            attempts[key] = attempts.get(key, 0) + 1
+            if key.endswith("/flaky") and attempts[key] < 3:
+                raise RuntimeError("transient")
+            seen.append(key)
+            return None
+
+        controller = manager.add(Controller("probe", reconcile))
+        informer.on_change(lambda ev, obj, old: controller.queue.add(
+            f"{namespace}/{obj['metadata']['name']}"))
+        task = asyncio.create_task(manager.run())
+        await until(lambda: manager.server is not None)
+        await until(lambda: manager.ready)
+        assert await asyncio.to_thread(get, "/readyz") == (200, "ok")
+        assert (await asyncio.to_thread(get, "/healthz"))[0] == 200
+        await client.create(configmap("flaky", namespace))
+        await until(lambda: f"{namespace}/flaky" in seen)
+        assert attempts[f"{namespace}/flaky"] == 3, "errors are retried with backoff"
+        status, metrics = await asyncio.to_thread(get, "/metrics")
+        assert status == 200
+        assert 'nicop_reconcile_total{controller="probe",result="error"} 2.0' in metrics
+        assert 'nicop_api_requests_total{resource="configmaps",verb="create"}' in metrics
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    run(kubeconfig, body)
