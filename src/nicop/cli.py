@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +12,11 @@ from rich.console import Console
 from nicop.sim import hardware
 from nicop.sim.cluster import ClusterError, LocalCluster, default_bin_dir, default_state_dir
 
-app = typer.Typer(no_args_is_help=True, help="nicop: RDMA and SR-IOV networking for Kubernetes.")
+app = typer.Typer(
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="nicop: RDMA and SR-IOV networking for Kubernetes.",
+)
 cluster_app = typer.Typer(
     no_args_is_help=True,
     help="A local Kubernetes control plane (real etcd, kube-apiserver, controller-manager, "
@@ -124,6 +129,35 @@ def cluster_kubeconfig(state_dir: StateDir = default_state_dir()) -> None:  # no
     print(cluster.kubeconfig)
 
 
+@app.command("operator")
+def operator(
+    namespace: Annotated[
+        str,
+        typer.Option(envvar="POD_NAMESPACE", help="Namespace of the operator and its components."),
+    ] = "nvidia-network-operator",
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(envvar="KUBECONFIG", help="Kubeconfig; in-cluster config when unset."),
+    ] = None,
+    leader_elect: Annotated[
+        bool, typer.Option(help="Run only while holding the leader Lease.")
+    ] = True,
+    health_port: Annotated[
+        int, typer.Option(help="Port of /healthz, /readyz, /metrics; 0: off.")
+    ] = 8081,
+    lease_duration: Annotated[float, typer.Option(help="Leader lease duration in seconds.")] = 15.0,
+    log_format: Annotated[str, typer.Option(help="text or json (one object per line).")] = "text",
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Run the operator: NicClusterPolicy and network controllers, leader-elected."""
+    from nicop import logs
+    from nicop.operator import run
+
+    logs.setup(log_level, log_format)
+    with contextlib.suppress(KeyboardInterrupt):
+        run.main(namespace, kubeconfig, leader_elect, health_port, lease_duration)
+
+
 def main() -> None:
     app()
 
@@ -148,3 +182,237 @@ def demo(
         demo_module.run(console, nodes, profile, state_dir, bin_dir)
     except (ClusterError, ValueError) as e:
         raise _fail(str(e)) from None
+
+
+# --- crds: the CustomResourceDefinitions generated from nicop.api -----------------------------
+
+crds_app = typer.Typer(
+    no_args_is_help=True,
+    help="The CRDs of every kind nicop reads, generated from its API models.",
+)
+app.add_typer(crds_app, name="crds")
+
+
+@crds_app.command("generate")
+def crds_generate(
+    out_dir: Annotated[Path, typer.Option("--out-dir", help="Directory of the CRD files.")] = Path(
+        "deploy/crds"
+    ),
+    check: Annotated[
+        bool, typer.Option("--check", help="Write nothing; exit 1 if a file is out of date.")
+    ] = False,
+) -> None:
+    """Write one CRD file per kind (<group>_<plural>.yaml) from the models."""
+    from nicop.api import crdgen
+
+    if check:
+        problems = crdgen.stale(out_dir)
+        for line in problems:
+            err.print(f"  {line}")
+        if problems:
+            raise _fail("CRD files are out of date; run `nicop crds generate`")
+        console.print(f"CRD files in {out_dir} are up to date.")
+        return
+    changed = crdgen.generate(out_dir)
+    for path in changed:
+        console.print(f"  wrote {path}")
+    console.print(f"{len(changed)} of the CRD files in {out_dir} changed.")
+
+
+@crds_app.command("install")
+def crds_install(
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="KUBECONFIG", help="Kubeconfig of the cluster (default ~/.kube/config)."
+        ),
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for each CRD.")] = 60.0,
+) -> None:
+    """Apply the CRDs to the cluster and wait until the API server serves them."""
+    import httpx2
+    from lightkube import ApiError, Client, KubeConfig
+    from lightkube.core.exceptions import ConfigError
+
+    from nicop.api.install import CrdInstallError, install_crds
+
+    try:
+        config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+        client = Client(config=config, field_manager="nicop")
+        names = install_crds(
+            client, progress=lambda line: console.print(f"  {line}"), timeout=timeout
+        )
+    except httpx2.TransportError as e:
+        current = config.get()
+        server = f" {current.cluster.server}" if current else ""
+        raise _fail(f"cannot reach the API server{server}: {e}") from None
+    except (CrdInstallError, ApiError, ConfigError, OSError) as e:
+        raise _fail(str(e)) from None
+    console.print(f"{len(names)} CRDs installed and established.")
+
+
+# --- node agents: device plugins, and the simulated hardware and kubelet they run against -----
+
+HostRoot = Annotated[
+    Path,
+    typer.Option(
+        "--host-root",
+        envvar="NICOP_HOST_ROOT",
+        help="Where the node's filesystem is (sysfs, /dev, /var/lib/kubelet): / on a node, "
+        "a simulated node's root in tests.",
+    ),
+]
+DevicePluginDir = Annotated[
+    str,
+    typer.Option("--device-plugin-dir", help="The kubelet's device plugin directory, on the host."),
+]
+PollInterval = Annotated[
+    float,
+    typer.Option(min=0.05, help="Seconds between rescans of the host (links, VFs, RDMA devices)."),
+]
+LogFormat = Annotated[
+    str, typer.Option("--log-format", help="text, or json (one object per line).")
+]
+
+
+def _agent_fail(message: str) -> typer.Exit:
+    """_fail for messages that quote config values: brackets in them are not rich markup."""
+    from rich.markup import escape
+
+    return _fail(escape(message))
+
+
+def _run_agent(main: object, log_format: str) -> None:
+    """Run an agent's `main(stop)` until SIGTERM; exit 1 with the reason if it must give up."""
+    from nicop.node import agent
+
+    reason = agent.run_process(main, log_format)  # type: ignore[arg-type]
+    if reason:
+        raise _agent_fail(reason)
+
+
+@app.command("rdma-device-plugin")
+def rdma_device_plugin(
+    config_file: Annotated[
+        Path, typer.Option("--config-file", help="configList JSON, as for the upstream plugin.")
+    ] = Path("/k8s-rdma-shared-dev-plugin/config.json"),
+    host_root: HostRoot = Path("/"),
+    device_plugin_dir: DevicePluginDir = "/var/lib/kubelet/device-plugins",
+    poll_interval: PollInterval = 0.5,
+    log_format: LogFormat = "text",
+) -> None:
+    """Share each NIC's RDMA devices with pods (drop-in for k8s-rdma-shared-dev-plugin)."""
+    from nicop.node.deviceplugin.config import ConfigError
+    from nicop.node.deviceplugin.rdma import RdmaAgent, load_config
+    from nicop.node.host import Host
+
+    try:
+        config = load_config(config_file)
+    except ConfigError as e:
+        raise _agent_fail(str(e)) from None
+    host = Host(host_root)
+    agent = RdmaAgent(config, host, host.path(device_plugin_dir), poll_interval)
+    _run_agent(agent.run, log_format)
+
+
+@app.command("sriov-device-plugin")
+def sriov_device_plugin(
+    config_file: Annotated[
+        Path, typer.Option("--config-file", help="resourceList JSON, as for the upstream plugin.")
+    ] = Path("/etc/pcidp/config.json"),
+    resource_prefix: Annotated[
+        str, typer.Option("--resource-prefix", help="Prefix of resources that set none.")
+    ] = "intel.com",
+    host_root: HostRoot = Path("/"),
+    device_plugin_dir: DevicePluginDir = "/var/lib/kubelet/device-plugins",
+    poll_interval: PollInterval = 0.5,
+    log_format: LogFormat = "text",
+) -> None:
+    """Give pods SR-IOV VFs and scalable functions (drop-in for sriov-network-device-plugin);
+    picks up new VFs and config changes without a restart."""
+    from nicop.node.deviceplugin.config import ConfigError
+    from nicop.node.deviceplugin.sriov import SriovAgent
+    from nicop.node.host import Host
+
+    host = Host(host_root)
+    try:
+        agent = SriovAgent(
+            config_file,
+            host,
+            host.path(device_plugin_dir),
+            default_prefix=resource_prefix,
+            poll_interval=poll_interval,
+        )
+    except ConfigError as e:
+        raise _agent_fail(str(e)) from None
+    _run_agent(agent.run, log_format)
+
+
+@app.command("sim-kubelet")
+def sim_kubelet(
+    host_root: HostRoot,
+    node_name: Annotated[
+        str | None, typer.Option(help="Node whose status to patch (with --kubeconfig).")
+    ] = None,
+    kubeconfig: Annotated[
+        Path | None, typer.Option(help="Patch the node's capacity and allocatable there.")
+    ] = None,
+    device_plugin_dir: DevicePluginDir = "/var/lib/kubelet/device-plugins",
+    log_format: LogFormat = "text",
+) -> None:
+    """Stand in for a simulated node's kubelet: register device plugins, follow their devices."""
+    from nicop.node.host import Host
+    from nicop.sim.kubelet import serve
+
+    if kubeconfig is not None and not node_name:
+        raise _fail("--kubeconfig needs --node-name (the node whose status to patch)")
+    socket_dir = Host(host_root).path(device_plugin_dir)
+    _run_agent(lambda stop: serve(socket_dir, stop, node_name, kubeconfig), log_format)
+
+
+sim_host_app = typer.Typer(no_args_is_help=True, help="Simulated NIC hardware of a node.")
+app.add_typer(sim_host_app, name="sim-host")
+
+
+@sim_host_app.command("build")
+def sim_host_build(
+    root: Annotated[Path, typer.Argument(help="Directory to create the node's tree in.")],
+    profile: Annotated[
+        str, typer.Option(help="Hardware profile: " + ", ".join(hardware.PROFILES))
+    ] = "cx6dx",
+    seed: Annotated[int, typer.Option(help="Varies MACs and GUIDs between nodes.")] = 0,
+) -> None:
+    """Create the sysfs and /dev tree of a node with the profile's NICs."""
+    if profile not in hardware.PROFILES:
+        raise _fail(f"unknown profile {profile!r}; known: {', '.join(hardware.PROFILES)}")
+    host = hardware.SimulatedHost.build(root, profile, seed)
+    for pf in host.pfs():
+        console.print(f"  {pf}  {host.netdev(pf) or '-':<16} {host.rdma_device(pf) or '-'}")
+
+
+@sim_host_app.command("link")
+def sim_host_link(
+    root: Annotated[Path, typer.Argument(help="The node's tree.")],
+    ifname: Annotated[str, typer.Argument(help="Netdev to change.")],
+    state: Annotated[str, typer.Argument(help="up or down")],
+) -> None:
+    """Take a link up or down (its VFs follow a PF)."""
+    if state not in ("up", "down"):
+        raise _fail(f"state must be up or down, not {state!r}")
+    try:
+        hardware.SimulatedHost(root).set_link(ifname, state == "up")
+    except OSError as e:
+        raise _agent_fail(str(e)) from None
+
+
+@sim_host_app.command("numvfs")
+def sim_host_numvfs(
+    root: Annotated[Path, typer.Argument(help="The node's tree.")],
+    pf: Annotated[str, typer.Argument(help="PF netdev or PCI address.")],
+    count: Annotated[int, typer.Argument(help="VFs wanted (0 removes them).")],
+) -> None:
+    """Write sriov_numvfs as the kernel would take it (0 first, then N)."""
+    try:
+        hardware.SimulatedHost(root).set_numvfs(pf, count)
+    except OSError as e:
+        raise _agent_fail(str(e)) from None

@@ -56,3 +56,11 @@ def namespace(client: Client) -> Iterator[str]:
             time.sleep(0.1)
     yield name
     client.delete(Namespace, name)
+
+
+@pytest.fixture(scope="session")
+def crds(client: Client) -> list[str]:
+    """Every CRD nicop serves, installed the way `nicop crds install` does it."""
+    from nicop.api.install import install_crds
+
+    return install_crds(client)

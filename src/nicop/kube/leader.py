@@ -60,8 +60,8 @@ class LeaderElector:
         while not await self._try_acquire_or_renew():
             await asyncio.sleep(self.retry_period)
         self.is_leader = True
-        log.info("became leader", extra={"kind": "Lease", "namespace": self.namespace,
-                                         "name": self.name, "identity": self.identity})
+        log.info("became leader (%s)", self.identity,
+                 extra={"kind": "Lease", "namespace": self.namespace, "object": self.name})
 
     async def keep(self) -> None:
         """Renew forever; raises LostLeadership when renewing fails for `renew_deadline`."""

@@ -1,0 +1,1 @@
+"""nicop operator: the controllers that turn policies into running components."""

@@ -1,0 +1,307 @@
+"""The NicClusterPolicy controller: states rendered, applied and judged, status users can act on.
+
+Every reconcile looks at the whole policy (level-triggered): each state renders its objects;
+an object is written only when its content hash differs from the one on the cached copy, and
+the status only when it changed, so a policy at rest costs no writes, also after a restart.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from nicop import logs
+from nicop.kube.client import ApiClient
+from nicop.kube.events import EventRecorder
+from nicop.kube.informer import Informer
+from nicop.kube.manager import Controller, Manager, Result
+from nicop.kube.resources import (
+    CLUSTER_ROLE,
+    CLUSTER_ROLE_BINDING,
+    CONFIGMAP,
+    DAEMONSET,
+    DEPLOYMENT,
+    NODE,
+    POD,
+    SERVICE_ACCOUNT,
+    Obj,
+    Resource,
+    key_of,
+    resource_of,
+)
+from nicop.operator import nodes as node_rules
+from nicop.operator.states import STATES
+from nicop.operator.states.base import (
+    MELLANOX_LABEL,
+    MOFED_WAIT_LABEL,
+    OPT_IN_LABEL,
+    OWNER_LABEL,
+    OWNER_VALUE,
+    REVISION_ANNOTATION,
+    STATE_LABEL,
+    Context,
+    RenderError,
+    State,
+    content_hash,
+)
+from nicop.operator.states.ofed import DRIVER_LABEL
+
+log = logging.getLogger(__name__)
+
+NCP = Resource("mellanox.com", "v1alpha1", "NicClusterPolicy", "nicclusterpolicies",
+               namespaced=False)
+POLICY_NAME = "nic-cluster-policy"
+OWNED = (SERVICE_ACCOUNT, CONFIGMAP, CLUSTER_ROLE, CLUSTER_ROLE_BINDING, DAEMONSET, DEPLOYMENT)
+NOT_READY_RECHECK = 30.0
+
+
+@dataclass
+class Applied:
+    name: str
+    state: str  # ready | notReady | ignore | error
+    message: str = ""
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class PolicyController:
+    def __init__(self, manager: Manager, namespace: str, recorder: EventRecorder,
+                 **context: Any) -> None:
+        self.client: ApiClient = manager.client
+        self.namespace = namespace
+        self.recorder = recorder
+        self.context = context
+        self.policies = manager.informer(NCP)
+        self.nodes = manager.informer(NODE, metadata_only=True)
+        self.driver_pods = manager.informer(POD, namespace, label_selector=DRIVER_LABEL)
+        self.owned: dict[Resource, Informer] = {
+            res: manager.informer(res, namespace if res.namespaced else None,
+                                  label_selector=STATE_LABEL)
+            for res in OWNED
+        }
+        self.controller = manager.add(Controller("nicclusterpolicy", self.reconcile))
+        queue = self.controller.queue
+        self.policies.on_change(lambda ev, obj, old: queue.add(obj["metadata"]["name"]))
+        self.nodes.on_change(self._node_changed)
+        self.driver_pods.on_change(lambda ev, obj, old: queue.add(POLICY_NAME))
+        for informer in self.owned.values():
+            informer.on_change(lambda ev, obj, old: queue.add(POLICY_NAME))
+
+    def _node_changed(self, event: str, node: Obj, old: Obj | None) -> None:
+        if event != "MODIFIED" or node_rules.labels_of(node) != node_rules.labels_of(old or {}):
+            self.controller.queue.add(POLICY_NAME)
+
+    # ------------------------------------------------------------------ reconcile
+    async def reconcile(self, key: str) -> Result | None:
+        policy = self.policies.store.get(key)
+        if policy is None:
+            if key == POLICY_NAME:
+                await self._sync_node_labels(None)
+            return None
+        if key != POLICY_NAME:
+            await self._write_status(policy, {
+                "state": "ignore",
+                "reason": f"Unsupported NicClusterPolicy instance {key}. Only instance with name "
+                          f"{POLICY_NAME} is supported",
+            })
+            return None
+        all_nodes = self.nodes.store.items()
+        ctx = Context(policy, self.namespace,
+                      managed_nodes=[n for n in all_nodes if node_rules.is_managed(n)],
+                      **self.context)
+        unmanaged = [r for n in all_nodes if (r := node_rules.unmanaged_reason(n))]
+        applied = [await self._sync_state(state, ctx, unmanaged) for state in STATES]
+        await self._sync_node_labels(policy)
+        await self._write_status(policy, self._status(policy, applied, unmanaged))
+        ready = all(a.state in ("ready", "ignore") for a in applied)
+        return None if ready else Result(requeue_after=NOT_READY_RECHECK)
+
+    async def _sync_state(self, state: State, ctx: Context, unmanaged: list[str]) -> Applied:
+        section = state.section_of(ctx.policy)
+        existing = self._objects_of(state.name)
+        if section is None:
+            for res, obj in existing:
+                await self.client.delete(res, obj["metadata"]["name"],
+                                         obj["metadata"].get("namespace"))
+            if existing:
+                return Applied(state.name, "notReady",
+                               f"deleting {len(existing)} objects of the removed section")
+            return Applied(state.name, "ignore")
+        try:
+            objects = state.render(ctx, section, state.path)
+        except RenderError as e:
+            return Applied(state.name, "error", str(e))
+        wanted = set()
+        for obj in objects:
+            self._own(obj, state, ctx.policy)
+            res = resource_of(obj)
+            wanted.add((res, key_of(obj)))
+            cached = self.owned[res].store.get(key_of(obj))
+            revision = obj["metadata"]["annotations"][REVISION_ANNOTATION]
+            if cached is None or (cached["metadata"].get("annotations") or {}).get(
+                REVISION_ANNOTATION
+            ) != revision:
+                await self.client.apply(obj)
+        stale = [(res, o) for res, o in existing if (res, key_of(o)) not in wanted]
+        for res, obj in stale:
+            await self.client.delete(res, obj["metadata"]["name"], obj["metadata"].get("namespace"))
+        if stale:
+            return Applied(state.name, "notReady", f"deleting {len(stale)} stale objects")
+        problems = [p for obj in objects if (p := self._not_ready(obj, ctx, unmanaged))]
+        if problems:
+            return Applied(state.name, "notReady", "; ".join(problems))
+        return Applied(state.name, "ready")
+
+    def _own(self, obj: Obj, state: State, policy: Obj) -> None:
+        """Label, annotate and owner-reference a rendered object (the revision hashes the rest)."""
+        m = obj["metadata"]
+        m.setdefault("labels", {}).update({STATE_LABEL: state.name, OWNER_LABEL: OWNER_VALUE})
+        m.setdefault("annotations", {})[REVISION_ANNOTATION] = content_hash(obj)
+        pm = policy["metadata"]
+        m["ownerReferences"] = [{
+            "apiVersion": NCP.api_version, "kind": NCP.kind, "name": pm["name"],
+            "uid": pm["uid"], "controller": True, "blockOwnerDeletion": True,
+        }]
+
+    def _objects_of(self, state_name: str) -> list[tuple[Resource, Obj]]:
+        return [
+            (res, obj)
+            for res, informer in self.owned.items()
+            for obj in informer.store.items()
+            if (obj["metadata"].get("labels") or {}).get(STATE_LABEL) == state_name
+        ]
+
+    def _not_ready(self, obj: Obj, ctx: Context, unmanaged: list[str]) -> str | None:
+        """Why a rendered object is not ready yet, in words a user can act on; None if ready."""
+        res = resource_of(obj)
+        cached = self.owned[res].store.get(key_of(obj))
+        where = f"{obj['kind']} {key_of(obj)}"
+        if cached is None:
+            return f"{where} is being created"
+        status = cached.get("status") or {}
+        generation = cached["metadata"].get("generation", 0)
+        if res in (DAEMONSET, DEPLOYMENT) and status.get("observedGeneration", 0) < generation:
+            return f"{where} is being updated"
+        if res == DEPLOYMENT:
+            want = cached["spec"].get("replicas", 1)
+            have = status.get("readyReplicas", 0)
+            return None if have >= want else f"{where}: {have} of {want} replicas ready"
+        if res != DAEMONSET:
+            return None
+        desired = status.get("desiredNumberScheduled", 0)
+        available = status.get("numberAvailable", 0)
+        updated = status.get("updatedNumberScheduled", 0)
+        if desired == 0:
+            return f"{where} matches no node: " + self._why_no_node(cached, ctx, unmanaged)
+        if available != desired or updated != desired:
+            return f"{where}: {available} of {desired} pods available, {updated} updated"
+        return None
+
+    def _why_no_node(self, ds: Obj, ctx: Context, unmanaged: list[str]) -> str:
+        managed = ctx.managed_nodes
+        if not managed:
+            reason = (f"no node is managed (0 nodes have label {MELLANOX_LABEL}=true or "
+                      f"{OPT_IN_LABEL}=true)")
+        else:
+            selector = ds["spec"]["template"]["spec"].get("nodeSelector") or {}
+            reason = f"none of the {len(managed)} managed nodes match its nodeSelector"
+            for label, value in selector.items():
+                count = sum(node_rules.labels_of(n).get(label) == value for n in managed)
+                if count == 0:
+                    reason = f"0 of {len(managed)} managed nodes have {label}={value}"
+                    if label == MOFED_WAIT_LABEL:
+                        reason += " (waiting for the driver container to be ready)"
+                    break
+        return "; ".join([reason, *unmanaged])
+
+    # ------------------------------------------------------------------ node labels
+    async def _sync_node_labels(self, policy: Obj | None) -> None:
+        """Keep mofed.wait on every node as the driver state says; remove it without a policy."""
+        ofed = policy is not None and bool((policy.get("spec") or {}).get("ofedDriver"))
+        ready: dict[str, bool] = {}
+        for pod in self.driver_pods.store.items():
+            node = pod.get("spec", {}).get("nodeName")
+            if node:
+                ready[node] = ready.get(node, False) or _container_ready(pod, "mofed-container")
+        for node in self.nodes.store.items():
+            wanted = node_rules.mofed_wait_value(node, ofed, ready) if policy else None
+            patch = node_rules.label_patch(node, wanted)
+            if patch is not None:
+                await self.client.patch(NODE, node["metadata"]["name"], {"metadata": patch})
+
+    # ------------------------------------------------------------------ status
+    def _status(self, policy: Obj, applied: list[Applied], unmanaged: list[str]) -> Obj:
+        generation = policy["metadata"].get("generation", 0)
+        not_ready = [a for a in applied if a.state in ("notReady", "error")]
+        conditions = []
+        for state, a in zip(STATES, applied, strict=True):
+            if a.state == "ignore":
+                continue
+            reason = {"ready": "ComponentReady", "notReady": "ComponentNotReady",
+                      "error": "ComponentError"}[a.state]
+            conditions.append(_condition(state.condition, a.state == "ready", reason,
+                                         a.message or f"{state.name} is {a.state}", generation))
+        if any(a.state == "error" for a in applied):
+            ready_reason = "ComponentError"
+        else:
+            ready_reason = "ComponentsNotReady" if not_ready else "AllComponentsReady"
+        message = ("all components are ready" if not not_ready else
+                   "not ready: " + ", ".join(a.name for a in not_ready))
+        if unmanaged:
+            message += "; " + "; ".join(unmanaged)
+        conditions.append(_condition("Ready", not not_ready, ready_reason, message, generation))
+        return {
+            "state": "notReady" if not_ready else "ready",
+            "appliedStates": [
+                {"name": a.name, "state": a.state, **({"message": a.message} if a.message else {})}
+                for a in applied
+            ],
+            "conditions": conditions,
+            "observedGeneration": generation,
+        }
+
+    async def _write_status(self, policy: Obj, status: Obj) -> None:
+        old = policy.get("status") or {}
+        old_conditions = {c["type"]: c for c in old.get("conditions") or []}
+        for c in status.get("conditions", []):
+            previous = old_conditions.get(c["type"])
+            if previous and previous.get("status") == c["status"]:
+                c["lastTransitionTime"] = previous.get("lastTransitionTime",
+                                                       c["lastTransitionTime"])
+        if _comparable(old) == _comparable(status):
+            return
+        # Lists and keys nicop no longer sets must disappear: null them in the merge patch.
+        patch = {**{k: None for k in old if k not in status}, **status}
+        await self.client.patch(NCP, policy["metadata"]["name"], {"status": patch},
+                                subresource="status")
+        if old.get("state") != status["state"]:
+            ready = status["state"] == "ready"
+            message = next((str(c["message"]) for c in status.get("conditions", [])
+                            if c["type"] == "Ready"), str(status.get("reason", status["state"])))
+            await self.recorder.emit(policy, "Normal" if ready else "Warning",
+                                     "Ready" if ready else "NotReady", message)
+            log.info("policy state %s", status["state"],
+                     extra=logs.about(NCP.kind, policy["metadata"]["name"]))
+
+
+def _condition(type_: str, ok: bool, reason: str, message: str, generation: int) -> Obj:
+    return {"type": type_, "status": "True" if ok else "False", "reason": reason,
+            "message": message, "observedGeneration": generation, "lastTransitionTime": now()}
+
+
+def _comparable(status: Obj) -> Obj:
+    """The status without what changes on every write (transition times)."""
+    conditions = [{k: v for k, v in c.items() if k != "lastTransitionTime"}
+                  for c in status.get("conditions") or []]
+    return {**status, "conditions": conditions}
+
+
+def _container_ready(pod: Obj, name: str) -> bool:
+    if pod["metadata"].get("deletionTimestamp"):
+        return False
+    return any(c.get("name") == name and c.get("ready")
+               for c in (pod.get("status") or {}).get("containerStatuses") or [])

@@ -1,0 +1,78 @@
+"""`nicop operator`: the cluster-scope process, one leader at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+from pathlib import Path
+
+from nicop.kube.client import ApiClient
+from nicop.kube.events import EventRecorder
+from nicop.kube.leader import LeaderElector
+from nicop.kube.manager import Manager
+from nicop.operator.policy import PolicyController
+
+LEASE_NAME = "12620820.mellanox.com"  # upstream's leader election ID, so only one of both runs
+
+
+async def run(
+    namespace: str,
+    kubeconfig: Path | None = None,
+    *,
+    leader_elect: bool = True,
+    health_address: tuple[str, int] | None = ("0.0.0.0", 8081),
+    identity: str | None = None,
+    lease_duration: float = 15.0,
+) -> None:
+    client = ApiClient(kubeconfig)
+    identity = identity or os.environ.get("POD_NAME") or f"{socket.gethostname()}_{os.getpid()}"
+    elector = None
+    if leader_elect:
+        elector = LeaderElector(
+            client,
+            namespace,
+            LEASE_NAME,
+            identity,
+            lease_duration=lease_duration,
+            renew_deadline=lease_duration * 2 / 3,
+            retry_period=max(lease_duration / 7.5, 0.2),
+        )
+    manager = Manager(client, elector=elector, health_address=health_address)
+    PolicyController(
+        manager,
+        namespace,
+        EventRecorder(client),
+        cni_bin_dir=os.environ.get("CNI_BIN_DIR", "/opt/cni/bin"),
+        cni_network_dir=os.environ.get("CNI_NETWORK_DIR", "/etc/cni/net.d"),
+    )
+    # SIGTERM (a pod being stopped) ends the run cleanly, so the lease is handed over at once.
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        await manager.run()
+    except asyncio.CancelledError:
+        pass
+    finally:
+        await client.close()
+
+
+def main(
+    namespace: str,
+    kubeconfig: Path | None,
+    leader_elect: bool,
+    health_port: int,
+    lease_duration: float,
+) -> None:
+    address = ("0.0.0.0", health_port) if health_port else None
+    asyncio.run(
+        run(
+            namespace,
+            kubeconfig,
+            leader_elect=leader_elect,
+            health_address=address,
+            lease_duration=lease_duration,
+        )
+    )

@@ -1,0 +1,286 @@
+"""What every component state shares: the render context, image names, and object builders.
+
+A state turns one section of the NicClusterPolicy into the objects upstream renders for it.
+It only renders; `operator.policy` applies, deletes stale objects and judges readiness, so a
+new component is one new module with one `render` function.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from nicop.kube.resources import Obj
+
+STATE_LABEL = "nvidia.network-operator.state"
+OWNER_LABEL = "ds-owner"
+OWNER_VALUE = "NicClusterPolicy"
+REVISION_ANNOTATION = "nvidia.network-operator.revision"
+CONFIG_HASH_ANNOTATION = "nvidia.network-operator.config-hash"
+MOFED_WAIT_LABEL = "network.nvidia.com/operator.mofed.wait"
+MELLANOX_LABEL = "feature.node.kubernetes.io/pci-15b3.present"
+OPT_IN_LABEL = "nvidia.com/network-operator"
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+NFD = "feature.node.kubernetes.io"
+
+
+class RenderError(Exception):
+    """The policy cannot be rendered; `field` is the spec path to fix."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass
+class Context:
+    """Everything a state may look at besides its own section."""
+
+    policy: Obj
+    namespace: str
+    managed_nodes: list[Obj] = field(default_factory=list)
+    cni_bin_dir: str = "/opt/cni/bin"
+    cni_network_dir: str = "/etc/cni/net.d"
+
+    @property
+    def spec(self) -> Obj:
+        return self.policy.get("spec") or {}
+
+
+Render = Callable[[Context, Obj, str], list[Obj]]
+
+
+@dataclass(frozen=True)
+class State:
+    """One component: its upstream state name, spec section, condition type and renderer.
+
+    `render(ctx, section, path)` gets the section and its spec path (for error messages).
+    """
+
+    name: str
+    section: tuple[str, ...]
+    condition: str
+    render: Render
+
+    @property
+    def path(self) -> str:
+        return "spec." + ".".join(self.section)
+
+    def section_of(self, policy: Obj) -> Obj | None:
+        node: Any = policy.get("spec") or {}
+        for key in self.section:
+            if not isinstance(node, dict):
+                return None
+            node = node.get(key)
+        return node if isinstance(node, dict) else None
+
+
+def content_hash(value: Any) -> str:
+    """A stable short hash of JSON-able content (object revisions, config hashes)."""
+    blob = json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def image(ctx: Context, spec: Obj, path: str) -> str:
+    """`repository/image:version` (or `@sha256:...`), with `spec.global` filling the gaps."""
+    glob = ctx.spec.get("global") or {}
+    name = spec.get("image")
+    repository = spec.get("repository") or glob.get("repository")
+    version = spec.get("version") or glob.get("version")
+    if not name:
+        raise RenderError(f"{path}.image", "is required")
+    if not repository:
+        raise RenderError(f"{path}.repository", "is empty and spec.global.repository is not set")
+    if not version:
+        raise RenderError(f"{path}.version", "is empty and spec.global.version is not set")
+    if version.startswith("sha256:"):
+        return f"{repository}/{name}@{version}"
+    return f"{repository}/{name}:{version}"
+
+
+def pull_secrets(ctx: Context, spec: Obj) -> list[Obj]:
+    names = spec.get("imagePullSecrets") or (ctx.spec.get("global") or {}).get(
+        "imagePullSecrets") or []
+    return [{"name": n} for n in names]
+
+
+def metadata(
+    ctx: Context, name: str, labels: dict[str, str] | None = None, namespaced: bool = True
+) -> Obj:
+    m: Obj = {"name": name, "labels": {"app.kubernetes.io/managed-by": "nicop", **(labels or {})}}
+    if namespaced:
+        m["namespace"] = ctx.namespace
+    return m
+
+
+def config_map(ctx: Context, name: str, data: dict[str, str]) -> Obj:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(ctx, name),
+            "data": data}
+
+
+def service_account(ctx: Context, name: str) -> Obj:
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(ctx, name)}
+
+
+def cluster_rbac(ctx: Context, name: str, rules: list[Obj]) -> list[Obj]:
+    """ClusterRole `name` with `rules`, bound to the ServiceAccount `name`."""
+    group = "rbac.authorization.k8s.io"
+    return [
+        {"apiVersion": f"{group}/v1", "kind": "ClusterRole",
+         "metadata": metadata(ctx, name, namespaced=False), "rules": rules},
+        {"apiVersion": f"{group}/v1", "kind": "ClusterRoleBinding",
+         "metadata": metadata(ctx, name, namespaced=False),
+         "roleRef": {"apiGroup": group, "kind": "ClusterRole", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ctx.namespace}]},
+    ]
+
+
+def json_config(section: Obj, path: str) -> Obj | None:
+    """The section's `config` JSON string parsed, or None when absent; bad JSON is a RenderError."""
+    raw = section.get("config")
+    if raw is None or raw == "":
+        return None
+    try:
+        parsed = json.loads(raw)
+    except ValueError as e:
+        raise RenderError(f"{path}.config", f"is not valid JSON: {e}") from None
+    if not isinstance(parsed, dict):
+        raise RenderError(f"{path}.config", "must be a JSON object")
+    return parsed
+
+
+def host_path(name: str, path: str, mount: str | None = None,
+              type_: str | None = None) -> tuple[Obj, Obj]:
+    volume: Obj = {"name": name, "hostPath": {"path": path}}
+    if type_:
+        volume["hostPath"]["type"] = type_
+    return volume, {"name": name, "mountPath": mount or path}
+
+
+def container(
+    name: str,
+    image_name: str,
+    section: Obj,
+    *,
+    mounts: list[Obj] | None = None,
+    privileged: bool = False,
+    **extra: Any,
+) -> Obj:
+    """A container; the section's `containerResources` entry of the same name sets resources."""
+    c: Obj = {"name": name, "image": image_name, "imagePullPolicy": "IfNotPresent"}
+    for res in section.get("containerResources") or []:
+        if res.get("name") == name:
+            c["resources"] = {k: res[k] for k in ("requests", "limits") if res.get(k)}
+    if mounts:
+        c["volumeMounts"] = mounts
+    if privileged:
+        c["securityContext"] = {"privileged": True}
+    c.update(extra)
+    return c
+
+
+def daemonset(
+    ctx: Context,
+    name: str,
+    section: Obj,
+    containers: list[Obj],
+    *,
+    app: str,
+    node_selector: dict[str, str] | None = None,
+    volumes: list[Obj] | None = None,
+    service_account_name: str | None = None,
+    host_network: bool = True,
+    config: Any = None,
+    labels: dict[str, str] | None = None,
+    update_strategy: str = "RollingUpdate",
+    managed_only: bool = True,
+) -> Obj:
+    """A node DaemonSet with the policy's tolerations, nodeAffinity and pull secrets.
+
+    `managed_only` keeps it to nodes nicop manages (they carry the mofed.wait label). `config`,
+    when given, is hashed onto the pod template so a config change rolls the pods.
+    """
+    pod_labels = {"app": app, **(labels or {})}
+    annotations = {CONFIG_HASH_ANNOTATION: content_hash(config)} if config is not None else {}
+    pod: Obj = {
+        "hostNetwork": host_network,
+        "priorityClassName": "system-node-critical",
+        "nodeSelector": {"kubernetes.io/os": "linux", **(node_selector or {})},
+        "tolerations": [*(ctx.spec.get("tolerations") or []), GPU_TOLERATION],
+        "containers": containers,
+    }
+    if affinity := node_affinity(ctx, managed_only):
+        pod["affinity"] = {"nodeAffinity": affinity}
+    if volumes:
+        pod["volumes"] = volumes
+    if service_account_name:
+        pod["serviceAccountName"] = service_account_name
+    if secrets := pull_secrets(ctx, section):
+        pod["imagePullSecrets"] = secrets
+    template_meta: Obj = {"labels": pod_labels}
+    if annotations:
+        template_meta["annotations"] = annotations
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": metadata(ctx, name, labels),
+        "spec": {
+            "selector": {"matchLabels": {"app": app}},
+            "updateStrategy": {"type": update_strategy},
+            "template": {"metadata": template_meta, "spec": pod},
+        },
+    }
+
+
+def deployment(
+    ctx: Context,
+    name: str,
+    section: Obj,
+    containers: list[Obj],
+    *,
+    service_account_name: str | None = None,
+) -> Obj:
+    """A cluster-level Deployment, placed by deploymentTolerations/deploymentNodeAffinity."""
+    pod: Obj = {
+        "containers": containers,
+        "tolerations": ctx.spec.get("deploymentTolerations") or [],
+    }
+    if affinity := ctx.spec.get("deploymentNodeAffinity"):
+        pod["affinity"] = {"nodeAffinity": affinity}
+    if service_account_name:
+        pod["serviceAccountName"] = service_account_name
+    if secrets := pull_secrets(ctx, section):
+        pod["imagePullSecrets"] = secrets
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(ctx, name),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": pod},
+        },
+    }
+
+
+def node_affinity(ctx: Context, managed_only: bool) -> Obj | None:
+    """The policy's nodeAffinity, with "managed by nicop" ANDed into every required term."""
+    affinity = json.loads(json.dumps(ctx.spec.get("nodeAffinity") or {}))
+    if not managed_only:
+        return affinity or None
+    managed = {"key": MOFED_WAIT_LABEL, "operator": "Exists"}
+    required = affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.setdefault("nodeSelectorTerms", [])
+    if not terms:
+        terms.append({})
+    for term in terms:
+        term.setdefault("matchExpressions", []).append(managed)
+    return affinity  # type: ignore[no-any-return]
+
+
+# Device plugins and telemetry wait for the driver container on their node.
+AFTER_DRIVER = {MOFED_WAIT_LABEL: "false"}

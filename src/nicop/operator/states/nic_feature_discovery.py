@@ -1,0 +1,19 @@
+"""state-nic-feature-discovery: labels nodes with NIC features for NFD."""
+
+from __future__ import annotations
+
+from nicop.kube.resources import Obj
+from nicop.operator.states.base import Context, State, container, daemonset, host_path, image
+
+
+def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
+    volume, mount = host_path("features-d", "/etc/kubernetes/node-feature-discovery/features.d")
+    return [daemonset(
+        ctx, "nic-feature-discovery-ds", spec,
+        [container("nic-feature-discovery", image(ctx, spec, path), spec, mounts=[mount])],
+        app="nic-feature-discovery", volumes=[volume],
+    )]
+
+
+STATE = State("state-nic-feature-discovery", ("nicFeatureDiscovery",),
+              "NICFeatureDiscoveryReady", render)

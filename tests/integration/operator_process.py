@@ -1,0 +1,70 @@
+"""Run `nicop operator` as a real process against the test cluster, and read its metrics."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from nicop.kube.client import WRITE_VERBS
+from nicop.sim.cluster import free_port
+
+METRIC = re.compile(r'^nicop_api_requests_total\{resource="([^"]+)",verb="([^"]+)"\} ([0-9.e+]+)$')
+
+
+class OperatorProcess:
+    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
+        self.port = free_port()
+        self.log = log
+        env = {**os.environ, "POD_NAMESPACE": namespace}
+        self._log_file = open(log, "ab")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "nicop", "operator", "--kubeconfig", str(kubeconfig),
+             "--health-port", str(self.port), "--lease-duration", "4", "--log-format", "json"],
+            env=env, stdout=self._log_file, stderr=subprocess.STDOUT,
+        )
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, ""
+        except OSError:
+            return 0, ""
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while self.get("/readyz")[0] != 200:
+            if self.proc.poll() is not None:
+                tail = self.log.read_text()[-3000:]
+                raise AssertionError(f"operator exited; see {self.log}:\n{tail}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"operator not ready in {timeout}s; see {self.log}")
+            time.sleep(0.1)
+
+    def writes(self) -> dict[tuple[str, str], float]:
+        """Write requests sent so far by (verb, resource), lease renewals and Events left out."""
+        _, text = self.get("/metrics")
+        counts = {}
+        for line in text.splitlines():
+            m = METRIC.match(line)
+            if m and m.group(2) in WRITE_VERBS and m.group(1) not in ("leases", "events"):
+                counts[m.group(2), m.group(1)] = float(m.group(3))
+        return counts
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log_file.close()

@@ -1,0 +1,248 @@
+"""`nicop operator` on the real control plane: policies become components, with honest status."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from lightkube import Client
+from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import create_global_resource
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.apps_v1 import DaemonSet, Deployment
+from lightkube.resources.core_v1 import ConfigMap, Namespace, Node
+
+from tests.integration.operator_process import OperatorProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMESPACE = "nvidia-network-operator"
+MOFED_WAIT = "network.nvidia.com/operator.mofed.wait"
+NicClusterPolicy = create_global_resource(
+    "mellanox.com", "v1alpha1", "NicClusterPolicy", "nicclusterpolicies"
+)
+
+
+def example(name: str) -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "examples" / name).read_text())  # type: ignore[no-any-return]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+
+
+@pytest.fixture(scope="module")
+def operator(client: Client, kubeconfig: Path, crds: list[str],
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    try:
+        client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
+    except ApiError as e:
+        if e.status.code != 409:
+            raise
+    proc = OperatorProcess(kubeconfig, NAMESPACE, tmp_path_factory.mktemp("op") / "operator.log")
+    proc.wait_ready()
+    yield proc
+    proc.stop()
+
+
+def apply_policy(client: Client, body: dict[str, Any]) -> None:
+    client.apply(NicClusterPolicy.from_dict(body) if hasattr(NicClusterPolicy, "from_dict")
+                 else NicClusterPolicy(**body), field_manager="test", force=True)
+
+
+def policy_status(client: Client, name: str = "nic-cluster-policy") -> dict[str, Any]:
+    obj = client.get(NicClusterPolicy, name)
+    return dict(obj.get("status") or {})
+
+
+def delete_policy(client: Client, name: str = "nic-cluster-policy") -> None:
+    try:
+        client.delete(NicClusterPolicy, name)
+    except ApiError as e:
+        if e.status.code != 404:
+            raise
+
+
+def states(client: Client) -> dict[str, str]:
+    return {s["name"]: s["state"] for s in policy_status(client).get("appliedStates", [])}
+
+
+def nicop_objects(client: Client) -> list[str]:
+    found = []
+    for kind in (DaemonSet, Deployment, ConfigMap):
+        for obj in client.list(kind, namespace=NAMESPACE,
+                               labels={"nvidia.network-operator.state": None}):
+            found.append(f"{kind.__name__}/{obj.metadata.name}")
+    return sorted(found)
+
+
+def mofed_wait(client: Client) -> dict[str, str | None]:
+    return {n.metadata.name: (n.metadata.labels or {}).get(MOFED_WAIT) for n in client.list(Node)}
+
+
+@pytest.fixture
+def clean(client: Client) -> Iterator[None]:
+    yield
+    delete_policy(client)
+    wait_for(lambda: not nicop_objects(client), what="the policy's objects to be collected")
+
+
+def test_infiniband_policy_goes_ready_and_orders_plugins_after_the_driver(
+    client: Client, operator: OperatorProcess, clean: None
+) -> None:
+    apply_policy(client, example("nicclusterpolicy-infiniband.yaml"))
+    seen: set[str] = set()
+
+    def ready() -> bool:
+        state = policy_status(client).get("state")
+        if state:
+            seen.add(state)
+        return state == "ready"
+
+    wait_for(ready, 90, "the InfiniBand policy to become ready")
+    assert "notReady" in seen or len(seen) == 1  # pods may already run by the first write
+    assert states(client) == {
+        "state-multus-cni": "ready", "state-container-networking-plugins": "ready",
+        "state-ipoib-cni": "ready", "state-OFED": "ready",
+        "state-SRIOV-device-plugin": "ignore", "state-RDMA-device-plugin": "ready",
+        "state-ib-kubernetes": "ready", "state-nv-ipam-cni": "ready",
+        "state-nic-feature-discovery": "ignore", "state-doca-telemetry-service": "ignore",
+    }
+    objects = nicop_objects(client)
+    for name in ("DaemonSet/kube-multus-ds", "DaemonSet/cni-plugins-ds",
+                 "DaemonSet/kube-ipoib-cni-ds", "DaemonSet/rdma-shared-dp-ds",
+                 "DaemonSet/nv-ipam-node", "Deployment/ib-kubernetes",
+                 "Deployment/nv-ipam-controller", "ConfigMap/rdma-devices"):
+        assert name in objects
+    # One driver DaemonSet per (OS, version, kernel): the DGX node runs 22.04, the others 24.04.
+    drivers = [o for o in objects if o.startswith("DaemonSet/mofed-")]
+    assert len(drivers) == 2
+    # The driver pods are ready on the three managed nodes; the unlabelled node is not managed.
+    assert mofed_wait(client) == {"node-1": "false", "node-2": "false", "node-3": "false",
+                                  "node-4": None}
+    rdma = client.get(DaemonSet, "rdma-shared-dp-ds", namespace=NAMESPACE)
+    assert rdma.spec.template.spec.nodeSelector[MOFED_WAIT] == "false"
+    assert rdma.status.numberAvailable == 3
+    conditions = {c["type"]: c for c in policy_status(client)["conditions"]}
+    assert conditions["Ready"]["status"] == "True"
+    assert conditions["OFEDDriverReady"]["reason"] == "ComponentReady"
+
+
+def test_config_change_rolls_removed_section_is_deleted_and_delete_cleans_up(
+    client: Client, operator: OperatorProcess
+) -> None:
+    policy = example("nicclusterpolicy-infiniband.yaml")
+    apply_policy(client, policy)
+    wait_for(lambda: policy_status(client).get("state") == "ready", 90, "ready")
+    before = client.get(DaemonSet, "rdma-shared-dp-ds", namespace=NAMESPACE)
+    config_hash = "nvidia.network-operator.config-hash"
+    old_hash = before.spec.template.metadata.annotations[config_hash]
+
+    changed = copy.deepcopy(policy)
+    changed["spec"]["rdmaSharedDevicePlugin"]["config"] = (
+        '{"configList": [{"resourceName": "rdma_ib", "rdmaHcaMax": 10,'
+        ' "selectors": {"vendors": ["15b3"]}}]}'
+    )
+    del changed["spec"]["nvIpam"]
+    apply_policy(client, changed)
+
+    def rolled() -> bool:
+        ds = client.get(DaemonSet, "rdma-shared-dp-ds", namespace=NAMESPACE)
+        return (ds.spec.template.metadata.annotations[config_hash] != old_hash
+                and ds.metadata.generation > before.metadata.generation)
+
+    wait_for(rolled, what="the RDMA plugin DaemonSet to roll with the new config")
+    cm = client.get(ConfigMap, "rdma-devices", namespace=NAMESPACE)
+    assert "rdma_ib" in cm.data["config.json"]
+    wait_for(lambda: not any("nv-ipam" in o for o in nicop_objects(client)),
+             what="the nvIpam objects to be deleted")
+    wait_for(lambda: states(client).get("state-nv-ipam-cni") == "ignore", what="nv-ipam ignore")
+    wait_for(lambda: policy_status(client).get("state") == "ready", 60, "ready again")
+
+    delete_policy(client)
+    wait_for(lambda: not nicop_objects(client), what="every object of the policy to be deleted")
+    wait_for(lambda: set(mofed_wait(client).values()) == {None},
+             what="the mofed.wait labels to be removed")
+
+
+def test_policy_at_rest_makes_no_writes_even_after_a_restart(
+    client: Client, operator: OperatorProcess, kubeconfig: Path, tmp_path: Path, clean: None
+) -> None:
+    apply_policy(client, example("nicclusterpolicy-roce-sriov.yaml"))
+    wait_for(lambda: policy_status(client).get("state") == "ready", 90, "the RoCE policy ready")
+    time.sleep(2)
+    before = operator.writes()
+    # An annotation changes the object (an event, a reconcile) but not the spec.
+    obj = client.get(NicClusterPolicy, "nic-cluster-policy")
+    obj.metadata.annotations = {"touched": "yes"}
+    client.replace(obj)
+    time.sleep(3)
+    assert operator.writes() == before, "an unchanged policy must cause no write"
+
+    restarted = OperatorProcess(kubeconfig, NAMESPACE, tmp_path / "restarted.log")
+    operator.stop()
+    try:
+        restarted.wait_ready(30)
+        time.sleep(3)
+        assert restarted.writes() == {}, "a restarted operator finds nothing to change"
+    finally:
+        restarted.stop()
+        operator.__init__(kubeconfig, NAMESPACE, operator.log)  # type: ignore[misc]
+        operator.wait_ready()
+
+
+def test_only_nic_cluster_policy_is_acted_on(client: Client, operator: OperatorProcess) -> None:
+    body = example("nicclusterpolicy-roce-sriov.yaml")
+    body["metadata"]["name"] = "another-policy"
+    apply_policy(client, body)
+    try:
+        status = wait_for(lambda: policy_status(client, "another-policy") or None,
+                          what="status of the ignored policy")
+        assert status["state"] == "ignore"
+        assert "Only instance with name nic-cluster-policy is supported" in status["reason"]
+        assert not nicop_objects(client)
+    finally:
+        delete_policy(client, "another-policy")
+
+
+def test_bad_plugin_config_is_an_error_naming_the_field(
+    client: Client, operator: OperatorProcess, clean: None
+) -> None:
+    body = example("nicclusterpolicy-infiniband.yaml")
+    # Looks like an object to the schema's check, but is not JSON.
+    body["spec"]["rdmaSharedDevicePlugin"]["config"] = '{"configList": [,]}'
+    apply_policy(client, body)
+    wait_for(lambda: states(client).get("state-RDMA-device-plugin") == "error", what="error")
+    applied = {s["name"]: s for s in policy_status(client)["appliedStates"]}
+    message = applied["state-RDMA-device-plugin"]["message"]
+    assert "spec.rdmaSharedDevicePlugin.config" in message and "not valid JSON" in message
+    conditions = {c["type"]: c for c in policy_status(client)["conditions"]}
+    assert conditions["Ready"]["reason"] == "ComponentError"
+
+
+def test_a_daemonset_without_nodes_says_why(
+    client: Client, operator: OperatorProcess, clean: None
+) -> None:
+    body = example("nicclusterpolicy-roce-sriov.yaml")
+    body["spec"]["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": ["no-such-node"]}]}]}}
+    apply_policy(client, body)
+
+    def message() -> str:
+        applied = {s["name"]: s for s in policy_status(client).get("appliedStates", [])}
+        return str(applied.get("state-SRIOV-device-plugin", {}).get("message", ""))
+
+    text = wait_for(lambda: "matches no node" in message() and message(), what="a reason")
+    assert "network-operator-sriov-device-plugin" in text
