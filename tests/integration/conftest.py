@@ -15,6 +15,7 @@ from lightkube import Client
 from lightkube.core.exceptions import ApiError
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, ServiceAccount
+from tests.integration.operator_process import NAMESPACE, OperatorProcess
 
 from nicop.sim.cluster import LocalCluster, running_cluster
 
@@ -64,3 +65,19 @@ def crds(client: Client) -> list[str]:
     from nicop.api.install import install_crds
 
     return install_crds(client)
+
+
+@pytest.fixture(scope="module")
+def operator(
+    client: Client, kubeconfig: Path, crds: list[str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    """`nicop operator` running as a process against the test cluster, per test module."""
+    try:
+        client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
+    except ApiError as e:
+        if e.status.code != 409:
+            raise
+    proc = OperatorProcess(kubeconfig, NAMESPACE, tmp_path_factory.mktemp("op") / "operator.log")
+    proc.wait_ready()
+    yield proc
+    proc.stop()

@@ -10,7 +10,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from nicop.kube.client import WRITE_VERBS
 from nicop.sim.cluster import free_port
@@ -18,8 +20,25 @@ from nicop.sim.cluster import free_port
 METRIC = re.compile(r'^nicop_api_requests_total\{resource="([^"]+)",verb="([^"]+)"\} ([0-9.e+]+)$')
 
 
+NAMESPACE = "nvidia-network-operator"
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
+    """Poll until `predicate` returns something truthy, and return it."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+
+
 class OperatorProcess:
     def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
         self.port = free_port()
         self.log = log
         env = {**os.environ, "POD_NAMESPACE": namespace}
@@ -68,3 +87,9 @@ class OperatorProcess:
                 self.proc.kill()
                 self.proc.wait()
         self._log_file.close()
+
+    def restart(self) -> None:
+        """Stop (if running) and start again with the same settings."""
+        self.stop()
+        self.__init__(self.kubeconfig, self.namespace, self.log)  # type: ignore[misc]
+        self.wait_ready()

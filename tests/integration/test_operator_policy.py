@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,14 +13,12 @@ import yaml
 from lightkube import Client
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource
-from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import DaemonSet, Deployment
-from lightkube.resources.core_v1 import ConfigMap, Namespace, Node
-
-from tests.integration.operator_process import OperatorProcess
+from lightkube.resources.core_v1 import ConfigMap, Event, Node, ServiceAccount
+from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
+from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-NAMESPACE = "nvidia-network-operator"
 MOFED_WAIT = "network.nvidia.com/operator.mofed.wait"
 NicClusterPolicy = create_global_resource(
     "mellanox.com", "v1alpha1", "NicClusterPolicy", "nicclusterpolicies"
@@ -29,31 +27,6 @@ NicClusterPolicy = create_global_resource(
 
 def example(name: str) -> dict[str, Any]:
     return yaml.safe_load((ROOT / "examples" / name).read_text())  # type: ignore[no-any-return]
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
-
-
-@pytest.fixture(scope="module")
-def operator(client: Client, kubeconfig: Path, crds: list[str],
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    try:
-        client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
-    except ApiError as e:
-        if e.status.code != 409:
-            raise
-    proc = OperatorProcess(kubeconfig, NAMESPACE, tmp_path_factory.mktemp("op") / "operator.log")
-    proc.wait_ready()
-    yield proc
-    proc.stop()
 
 
 def apply_policy(client: Client, body: dict[str, Any]) -> None:
@@ -80,10 +53,13 @@ def states(client: Client) -> dict[str, str]:
 
 def nicop_objects(client: Client) -> list[str]:
     found = []
-    for kind in (DaemonSet, Deployment, ConfigMap):
-        for obj in client.list(kind, namespace=NAMESPACE,
-                               labels={"nvidia.network-operator.state": None}):
+    selector = {"nvidia.network-operator.state": None}
+    for kind in (DaemonSet, Deployment, ConfigMap, ServiceAccount):
+        for obj in client.list(kind, namespace=NAMESPACE, labels=selector):
             found.append(f"{kind.__name__}/{obj.metadata.name}")
+    for cluster_kind in (ClusterRole, ClusterRoleBinding):
+        for obj in client.list(cluster_kind, labels=selector):
+            found.append(f"{cluster_kind.__name__}/{obj.metadata.name}")
     return sorted(found)
 
 
@@ -102,16 +78,13 @@ def test_infiniband_policy_goes_ready_and_orders_plugins_after_the_driver(
     client: Client, operator: OperatorProcess, clean: None
 ) -> None:
     apply_policy(client, example("nicclusterpolicy-infiniband.yaml"))
-    seen: set[str] = set()
-
-    def ready() -> bool:
-        state = policy_status(client).get("state")
-        if state:
-            seen.add(state)
-        return state == "ready"
-
-    wait_for(ready, 90, "the InfiniBand policy to become ready")
-    assert "notReady" in seen or len(seen) == 1  # pods may already run by the first write
+    wait_for(lambda: policy_status(client).get("state") == "ready", 90,
+             "the InfiniBand policy to become ready")
+    # The way there is told in Events on the policy: first NotReady, then Ready.
+    uid = client.get(NicClusterPolicy, "nic-cluster-policy").metadata.uid
+    events = sorted((e for e in client.list(Event, namespace="default")
+                     if e.involvedObject.uid == uid), key=lambda e: e.firstTimestamp)
+    assert [e.reason for e in events] == ["NotReady", "Ready"]
     assert states(client) == {
         "state-multus-cni": "ready", "state-container-networking-plugins": "ready",
         "state-ipoib-cni": "ready", "state-OFED": "ready",
@@ -198,8 +171,7 @@ def test_policy_at_rest_makes_no_writes_even_after_a_restart(
         assert restarted.writes() == {}, "a restarted operator finds nothing to change"
     finally:
         restarted.stop()
-        operator.__init__(kubeconfig, NAMESPACE, operator.log)  # type: ignore[misc]
-        operator.wait_ready()
+        operator.restart()
 
 
 def test_only_nic_cluster_policy_is_acted_on(client: Client, operator: OperatorProcess) -> None:
@@ -246,3 +218,22 @@ def test_a_daemonset_without_nodes_says_why(
 
     text = wait_for(lambda: "matches no node" in message() and message(), what="a reason")
     assert "network-operator-sriov-device-plugin" in text
+
+
+def test_an_upstream_policy_with_removed_fields_is_applied_with_a_warning(
+    client: Client, operator: OperatorProcess, clean: None
+) -> None:
+    body = yaml.safe_load((ROOT / "tests" / "data" /
+                           "upstream-nicclusterpolicy-with-removed-fields.yaml").read_text())
+    apply_policy(client, body)
+
+    def warning() -> dict[str, Any] | None:
+        for c in policy_status(client).get("conditions", []):
+            if c["type"] == "RemovedFieldsIgnored":
+                return c  # type: ignore[no-any-return]
+        return None
+
+    condition = wait_for(warning, what="the removed-fields warning in status")
+    for field in ("spec.psp", "spec.nvPeerDriver", "spec.secondaryNetwork.ipamPlugin"):
+        assert field in condition["message"]
+    assert states(client)["state-OFED"] in ("notReady", "ready")  # the rest is applied as usual

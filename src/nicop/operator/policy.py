@@ -12,7 +12,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from nicop import logs
+from nicop.api.mellanox import NicClusterPolicy
+from nicop.api.validate import removed_field_warnings
 from nicop.kube.client import ApiClient
 from nicop.kube.events import EventRecorder
 from nicop.kube.informer import Informer
@@ -116,7 +120,12 @@ class PolicyController:
         unmanaged = [r for n in all_nodes if (r := node_rules.unmanaged_reason(n))]
         applied = [await self._sync_state(state, ctx, unmanaged) for state in STATES]
         await self._sync_node_labels(policy)
-        await self._write_status(policy, self._status(policy, applied, unmanaged))
+        status = self._status(policy, applied, unmanaged)
+        if warnings := removed_fields(policy):
+            status["conditions"].append(_condition(
+                "RemovedFieldsIgnored", True, "RemovedFields", "; ".join(warnings),
+                status["observedGeneration"]))
+        await self._write_status(policy, status)
         ready = all(a.state in ("ready", "ignore") for a in applied)
         return None if ready else Result(requeue_after=NOT_READY_RECHECK)
 
@@ -298,6 +307,15 @@ def _comparable(status: Obj) -> Obj:
     conditions = [{k: v for k, v in c.items() if k != "lastTransitionTime"}
                   for c in status.get("conditions") or []]
     return {**status, "conditions": conditions}
+
+
+def removed_fields(policy: Obj) -> list[str]:
+    """Warnings for upstream fields that were removed but that an old CR still sets."""
+    try:
+        return removed_field_warnings(NicClusterPolicy.model_validate(policy))
+    except ValidationError:  # the API server validated it; a model mismatch is not fatal here
+        log.warning("policy does not match the model", exc_info=True)
+        return []
 
 
 def _container_ready(pod: Obj, name: str) -> bool:

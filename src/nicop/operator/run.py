@@ -12,6 +12,7 @@ from nicop.kube.client import ApiClient
 from nicop.kube.events import EventRecorder
 from nicop.kube.leader import LeaderElector
 from nicop.kube.manager import Manager
+from nicop.operator.networks import NetworkController
 from nicop.operator.policy import PolicyController
 
 LEASE_NAME = "12620820.mellanox.com"  # upstream's leader election ID, so only one of both runs
@@ -47,6 +48,7 @@ async def run(
         cni_bin_dir=os.environ.get("CNI_BIN_DIR", "/opt/cni/bin"),
         cni_network_dir=os.environ.get("CNI_NETWORK_DIR", "/etc/cni/net.d"),
     )
+    NetworkController(manager)
     # SIGTERM (a pod being stopped) ends the run cleanly, so the lease is handed over at once.
     task = asyncio.current_task()
     assert task is not None

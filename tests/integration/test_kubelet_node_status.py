@@ -1,0 +1,108 @@
+"""With the kubelet stand-in, the plugins' resources reach the node's status in the real API
+server, kwok leaves them alone, and the real scheduler places pods by them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from lightkube import Client
+from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Node, Pod
+
+from nicop.node.deviceplugin.rdma import RdmaAgent, load_config
+from nicop.node.deviceplugin.server import DEVICE_PLUGIN_PATH
+from nicop.node.deviceplugin.sriov import SriovAgent
+from nicop.sim.hardware import SimulatedHost
+from nicop.sim.kubelet import Kubelet
+
+NODE = "node-2"  # a cx6dx node of the test cluster
+RDMA = "rdma/hca_shared_devices_a"
+VF = "nvidia.com/sriov_rdma_vf"
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="node-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path)
+
+
+async def until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not await asyncio.to_thread(check):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+def test_node_status_follows_the_plugins(
+    client: Client, kubeconfig: Path, namespace: str, root: Path
+) -> None:
+    host = SimulatedHost.build(root, "cx6dx", seed=2)
+    host.set_numvfs("enp59s0f0np0", 4)
+    (root / "rdma.json").write_text(json.dumps({"configList": [
+        {"resourceName": "hca_shared_devices_a", "rdmaHcaMax": 10,
+         "selectors": {"ifNames": ["enp59s0f1np1"]}}]}))
+    (root / "sriov.json").write_text(json.dumps({"resourceList": [
+        {"resourceName": "sriov_rdma_vf", "resourcePrefix": "nvidia.com",
+         "selectors": {"pfNames": ["enp59s0f0np0"], "isRdma": True}}]}))
+    sockdir = host.path(DEVICE_PLUGIN_PATH)
+
+    def node_has(wanted: dict[str, str]) -> Callable[[], bool]:
+        def check() -> bool:
+            status = client.get(Node, NODE).status
+            allocatable = (status and status.allocatable) or {}
+            return all(allocatable.get(k) == v for k, v in wanted.items())
+        return check
+
+    async def main() -> None:
+        kubelet = Kubelet(sockdir, node_name=NODE, kubeconfig=kubeconfig)
+        await kubelet.start()
+        stop = asyncio.Event()
+        tasks = [
+            asyncio.create_task(RdmaAgent(load_config(root / "rdma.json"), host, sockdir,
+                                          poll_interval=0.2).run(stop)),
+            asyncio.create_task(SriovAgent(root / "sriov.json", host, sockdir,
+                                           poll_interval=0.2).run(stop)),
+        ]
+        try:
+            await until(node_has({RDMA: "10", VF: "4"}), 30, "the node's allocatable")
+            status = (await asyncio.to_thread(client.get, Node, NODE)).status
+            assert status is not None and status.capacity is not None
+            assert status.capacity[RDMA] == "10" and status.capacity[VF] == "4"
+            assert status.allocatable is not None and status.allocatable["pods"] == "110"
+
+            pod = Pod(metadata=ObjectMeta(name="rdma-test", namespace=namespace),
+                      spec=PodSpec(containers=[Container(
+                          name="c", image="busybox",
+                          resources=ResourceRequirements(
+                              requests={RDMA: "1", VF: "1"}, limits={RDMA: "1", VF: "1"}))]))
+            await asyncio.to_thread(client.create, pod)
+
+            def scheduled() -> bool:
+                spec = client.get(Pod, "rdma-test", namespace=namespace).spec
+                return spec is not None and spec.nodeName is not None
+            await until(scheduled, 30, "the pod to be scheduled")
+            placed = await asyncio.to_thread(client.get, Pod, "rdma-test", namespace=namespace)
+            assert placed.spec is not None and placed.spec.nodeName == NODE
+
+            host.set_link("enp59s0f0np0", False)  # the VFs' PF
+            await until(node_has({RDMA: "10", VF: "0"}), 10, "the VFs to become unallocatable")
+            host.set_link("enp59s0f0np0", True)
+            await until(node_has({RDMA: "10", VF: "4"}), 10, "the VFs to come back")
+            await asyncio.sleep(5)  # kwok updates nodes on its own; it must keep these
+            assert await asyncio.to_thread(node_has({RDMA: "10", VF: "4"}))
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+            await kubelet.close()
+
+    asyncio.run(main())

@@ -1,0 +1,135 @@
+"""Network CRs become NetworkAttachmentDefinitions through the running operator."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from lightkube import Client
+from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+NAD = create_namespaced_resource("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition",
+                                 "network-attachment-definitions")
+KINDS = {
+    "MacvlanNetwork": create_global_resource("mellanox.com", "v1alpha1", "MacvlanNetwork",
+                                             "macvlannetworks"),
+    "HostDeviceNetwork": create_global_resource("mellanox.com", "v1alpha1", "HostDeviceNetwork",
+                                                "hostdevicenetworks"),
+    "IPoIBNetwork": create_global_resource("mellanox.com", "v1alpha1", "IPoIBNetwork",
+                                           "ipoibnetworks"),
+}
+
+
+def apply(client: Client, body: dict[str, Any]) -> None:
+    client.apply(KINDS[body["kind"]](**body), field_manager="test", force=True)
+
+
+def nad_config(client: Client, name: str, namespace: str) -> dict[str, Any] | None:
+    try:
+        nad = client.get(NAD, name, namespace=namespace)
+    except ApiError:
+        return None
+    return json.loads(nad["spec"]["config"])  # type: ignore[no-any-return]
+
+
+def test_each_network_example_produces_its_nad(
+    client: Client, operator: OperatorProcess, namespace: str
+) -> None:
+    expected = {
+        "macvlannetwork.yaml": {"cniVersion": "0.3.1", "name": "rdma-macvlan",
+                                "type": "macvlan", "master": "ens1f0", "mode": "bridge",
+                                "mtu": 9000,
+                                "ipam": {"type": "nv-ipam", "poolName": "rdma-pool"}},
+        "hostdevicenetwork.yaml": {"cniVersion": "0.3.1", "name": "hostdev-net",
+                                   "type": "host-device",
+                                   "ipam": {"type": "nv-ipam", "poolName": "rdma-pool"}},
+        "ipoibnetwork.yaml": {"cniVersion": "0.3.1", "name": "ipoib-net", "type": "ipoib",
+                              "master": "ibp12s0",
+                              "ipam": {"type": "nv-ipam", "poolName": "ib-pool"}},
+    }
+    for file, config in expected.items():
+        body = yaml.safe_load((ROOT / "examples" / file).read_text())
+        body["spec"]["networkNamespace"] = namespace
+        apply(client, body)
+        name = body["metadata"]["name"]
+        try:
+            got = wait_for(lambda n=name: nad_config(client, n, namespace), 30, f"NAD {name}")
+            assert got == config
+            status = wait_for(lambda b=body: client.get(KINDS[b["kind"]], b["metadata"]["name"])
+                              .get("status"), 30, "status")
+            assert status["state"] == "ready"
+            link = f"k8s.cni.cncf.io/v1/namespaces/{namespace}/NetworkAttachmentDefinition/{name}"
+            assert link in status.values()
+            if body["kind"] == "HostDeviceNetwork":
+                nad = client.get(NAD, name, namespace=namespace)
+                annotations = nad["metadata"]["annotations"]
+                assert annotations["k8s.v1.cni.cncf.io/resourceName"] == "nvidia.com/cx6dx_vf"
+        finally:
+            client.delete(KINDS[body["kind"]], name)
+        wait_for(lambda n=name: nad_config(client, n, namespace) is None, 30,
+                 f"NAD {name} to go with its network")
+
+
+def test_namespace_move_and_bad_ipam(
+    client: Client, operator: OperatorProcess, namespace: str
+) -> None:
+    body = {"apiVersion": "mellanox.com/v1alpha1", "kind": "MacvlanNetwork",
+            "metadata": {"name": f"mv-{namespace}"},
+            "spec": {"networkNamespace": "default", "master": "ens1f0", "mode": "bridge"}}
+    name = body["metadata"]["name"]
+    apply(client, body)
+    try:
+        wait_for(lambda: nad_config(client, name, "default"), 30, "NAD in default")
+        body["spec"]["networkNamespace"] = namespace
+        apply(client, body)
+        wait_for(lambda: nad_config(client, name, namespace), 30, "NAD in the new namespace")
+        wait_for(lambda: nad_config(client, name, "default") is None, 30, "old NAD removed")
+
+        body["spec"]["ipam"] = '{"type": "nv-ipam", "poolName": }'
+        apply(client, body)
+        status = wait_for(lambda: (s := client.get(KINDS["MacvlanNetwork"], name).get("status"))
+                          and s.get("state") == "error" and s, 30, "error status")
+        assert "spec.ipam is not valid JSON" in status["reason"]
+    finally:
+        client.delete(KINDS["MacvlanNetwork"], name)
+
+
+def test_second_replica_takes_over_when_the_leader_dies(
+    client: Client, operator: OperatorProcess, kubeconfig: Path, tmp_path: Path,
+    namespace: str,
+) -> None:
+    from lightkube.resources.coordination_v1 import Lease
+
+    standby = OperatorProcess(kubeconfig, NAMESPACE, tmp_path / "standby.log")
+    try:
+        time.sleep(3)
+        assert standby.get("/readyz")[0] == 503, "a standby waits for the lease"
+        holder = client.get(Lease, "12620820.mellanox.com", namespace=NAMESPACE).spec.holderIdentity
+        assert holder.endswith(f"_{operator.proc.pid}")
+        operator.stop(signal.SIGKILL)  # no clean release: the lease must expire
+        killed = time.monotonic()
+        standby.wait_ready(20)
+        took = time.monotonic() - killed
+        assert took < 4 + 2 + 1, f"took over after {took:.1f}s (lease 4s)"
+        lease = client.get(Lease, "12620820.mellanox.com", namespace=NAMESPACE)
+        assert lease.spec.holderIdentity.endswith(f"_{standby.proc.pid}")
+        # The new leader does the work.
+        body = {"apiVersion": "mellanox.com/v1alpha1", "kind": "IPoIBNetwork",
+                "metadata": {"name": f"ib-{namespace}"},
+                "spec": {"networkNamespace": namespace, "master": "ib0"}}
+        apply(client, body)
+        try:
+            wait_for(lambda: nad_config(client, body["metadata"]["name"], namespace), 30,
+                     "the NAD made by the new leader")
+        finally:
+            client.delete(KINDS["IPoIBNetwork"], body["metadata"]["name"])
+    finally:
+        standby.stop()
+        operator.restart()
