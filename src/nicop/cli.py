@@ -361,13 +361,17 @@ def sim_kubelet(
     log_format: LogFormat = "text",
 ) -> None:
     """Stand in for a simulated node's kubelet: register device plugins, follow their devices."""
+    from nicop.node import agent  # first: it quiets gRPC's C core, which reads that at import
     from nicop.node.host import Host
     from nicop.sim.kubelet import serve
 
     if kubeconfig is not None and not node_name:
         raise _fail("--kubeconfig needs --node-name (the node whose status to patch)")
     socket_dir = Host(host_root).path(device_plugin_dir)
-    _run_agent(lambda stop: serve(socket_dir, stop, node_name, kubeconfig), log_format)
+    reason = agent.run_process(lambda stop: serve(socket_dir, stop, node_name, kubeconfig),
+                               log_format)
+    if reason:
+        raise _agent_fail(reason)
 
 
 sim_host_app = typer.Typer(no_args_is_help=True, help="Simulated NIC hardware of a node.")
@@ -416,3 +420,267 @@ def sim_host_numvfs(
         hardware.SimulatedHost(root).set_numvfs(pf, count)
     except OSError as e:
         raise _agent_fail(str(e)) from None
+
+
+# --- CNI plugins: the node daemon and the installer of the plugin executables -----------------
+
+CniSocket = Annotated[
+    str,
+    typer.Option("--socket", help="Unix socket of the daemon, a path on the node (under "
+                 "--host-root)."),
+]
+
+
+@app.command("cni-daemon")
+def cni_daemon(
+    host_root: HostRoot = Path("/"),
+    socket: CniSocket = "/run/nicop/cni.sock",
+    node_name: Annotated[
+        str, typer.Option(envvar="NODE_NAME", help="This node (its blocks of the pools).")
+    ] = "",
+    kubeconfig: Annotated[
+        Path | None, typer.Option(envvar="KUBECONFIG", help="Kubeconfig of the cluster.")
+    ] = None,
+    api: Annotated[
+        bool | None,
+        typer.Option("--api/--no-api", help="Follow IPPools/CIDRPools in the API server; "
+                     "default: when a kubeconfig is given or in a pod."),
+    ] = None,
+    pools_namespace: Annotated[
+        str, typer.Option(envvar="POD_NAMESPACE", help="Namespace of the IPPools/CIDRPools.")
+    ] = "nvidia-network-operator",
+    pools_file: Annotated[
+        Path | None,
+        typer.Option(help="Pools of this node as JSON {name: {subnet, startIP, endIP, "
+                     "gateway}}, for nodes without an API server."),
+    ] = None,
+    host_netns: Annotated[
+        str | None,
+        typer.Option(help="Network namespace holding the node's devices (default: the "
+                     "daemon's own)."),
+    ] = None,
+    pf_recorder: Annotated[
+        Path | None,
+        typer.Option(help="Record PF-side VF settings in this directory instead of "
+                     "programming the PF (nodes without SR-IOV hardware)."),
+    ] = None,
+    cleaner_interval: Annotated[
+        float, typer.Option(help="Seconds between checks for addresses of deleted pods.")
+    ] = 60.0,
+    cleaner_checks: Annotated[
+        int, typer.Option(min=1, help="Checks a pod must be missing before its address is "
+                          "freed.")
+    ] = 3,
+    health_port: Annotated[int, typer.Option(help="Port of /healthz, /metrics; 0: off.")] = 0,
+    log_format: LogFormat = "text",
+) -> None:
+    """Serve the sriov, ib-sriov, host-device and nv-ipam CNI plugins of this node."""
+    import asyncio
+    import os
+
+    from nicop.cni.daemon import CniDaemon, DaemonOptions
+    from nicop.cni.store import StoreError
+
+    if api is None:
+        api = kubeconfig is not None or "KUBERNETES_SERVICE_HOST" in os.environ
+    options = DaemonOptions(
+        host_root=host_root, socket=socket, node_name=node_name, kubeconfig=kubeconfig,
+        use_api=api, pools_namespace=pools_namespace, pools_file=pools_file,
+        host_netns=host_netns, pf_recorder=pf_recorder, cleaner_interval=cleaner_interval,
+        cleaner_checks=cleaner_checks, health_port=health_port,
+    )
+
+    async def main(stop: asyncio.Event) -> None:
+        await CniDaemon(options).run(stop)
+
+    try:
+        _run_agent(main, log_format)
+    except (StoreError, ValueError, OSError) as e:
+        raise _agent_fail(str(e)) from None
+
+
+@app.command("cni-install")
+def cni_install(
+    cni_bin_dir: Annotated[
+        str, typer.Option(help="CNI bin dir on the node (under --host-root).")
+    ] = "/opt/cni/bin",
+    host_root: HostRoot = Path("/"),
+    socket: CniSocket = "/run/nicop/cni.sock",
+    python: Annotated[
+        str, typer.Option(help="Python 3 of the node that runs the plugin executables.")
+    ] = "/usr/bin/python3",
+    plugin: Annotated[
+        list[str] | None, typer.Option(help="Plugins to install (default: all).")
+    ] = None,
+) -> None:
+    """Install the CNI plugin executables that forward to `nicop cni-daemon`."""
+    from nicop.cni.install import PLUGINS, install
+    from nicop.node.host import Host
+
+    unknown = sorted(set(plugin or ()) - set(PLUGINS))
+    if unknown:
+        raise _fail(f"unknown plugin(s) {unknown}; known: {', '.join(PLUGINS)}")
+    host = Host(host_root)
+    for path in install(host.path(cni_bin_dir), socket, python, tuple(plugin or PLUGINS)):
+        console.print(f"  wrote {path}")
+
+
+# --- driver: the NIC driver container's entrypoint and its probes -----------------------------
+
+driver_app = typer.Typer(
+    no_args_is_help=True,
+    help="The NVIDIA NIC driver container: install, load, validate and keep the driver "
+    "(drop-in for the upstream driver container's entrypoint).",
+)
+app.add_typer(driver_app, name="driver")
+
+DriverVersion = Annotated[
+    str | None,
+    typer.Option(
+        "--version",
+        envvar="NVIDIA_NIC_DRIVER_VER",
+        help="Driver version to run, e.g. 24.10-1.1.4.0.",
+        show_default=False,
+    ),
+]
+ReadyFilePath = Annotated[
+    str,
+    typer.Option("--ready-file", envvar="DRIVER_READY_PATH", help="Readiness file, on the host."),
+]
+
+
+@driver_app.command("run")
+def driver_run(
+    version: DriverVersion = None,
+    host_root: HostRoot = Path("/"),
+    node_name: Annotated[
+        str | None, typer.Option(envvar="NODE_NAME", help="This node, for safe load.")
+    ] = None,
+    safe_load: Annotated[
+        bool | None,
+        typer.Option(
+            "--safe-load/--no-safe-load",
+            help="Annotate the node and wait for the upgrade controller before unloading "
+            "(default: safeDriverLoad.enable of --init-config, else off).",
+            show_default=False,
+        ),
+    ] = None,
+    init_config: Annotated[
+        Path | None,
+        typer.Option(help="The init container config (ConfigMap ofed-init-container-config)."),
+    ] = None,
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(envvar="KUBECONFIG", help="Kubeconfig; in-cluster config when unset."),
+    ] = None,
+    sources: Annotated[
+        Path | None,
+        typer.Option(envvar="NVIDIA_NIC_DRIVER_PATH", help="Driver sources (with install.pl)."),
+    ] = None,
+    inventory: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="NVIDIA_NIC_DRIVERS_INVENTORY_PATH",
+            help="Keeps built packages per kernel and version, so a restart does not compile.",
+        ),
+    ] = None,
+    ready_file: ReadyFilePath = "/run/mellanox/drivers/.driver-ready",
+    validation_timeout: Annotated[
+        float, typer.Option(min=0, help="Seconds to wait for every device to come back.")
+    ] = 120.0,
+    backend: Annotated[
+        str,
+        typer.Option(help="host: package manager and modprobe; sim: the simulated kernel of "
+                     "the node under --host-root."),
+    ] = "host",
+    sim_build_seconds: Annotated[
+        float,
+        typer.Option(help="With --backend sim: build from sources taking this long (0: the "
+                     "version is precompiled)."),
+    ] = 0.0,
+    log_format: LogFormat = "text",
+) -> None:
+    """Install and load the driver version, validate it, write the readiness file; on SIGTERM
+    remove it (and restore the inbox driver with RESTORE_DRIVER_ON_POD_TERMINATION=true)."""
+    import asyncio
+    import os
+    import signal
+
+    from nicop import logs
+    from nicop.node import driver
+    from nicop.node.driver_backends import DriverBackend, HostBackend
+    from nicop.node.host import Host
+
+    logs.setup("info", log_format)
+    annotation = driver.SAFE_LOAD_ANNOTATION
+    try:
+        if init_config is not None:
+            from_file, annotation = driver.load_init_config(init_config)
+            safe_load = from_file if safe_load is None else safe_load
+        cfg = driver.DriverConfig.from_env(
+            os.environ, version=version, node_name=node_name, ready_file=ready_file,
+            validation_timeout=validation_timeout, safe_load=bool(safe_load),
+            safe_load_annotation=annotation,
+        )
+    except driver.DriverError as e:
+        raise _agent_fail(str(e)) from None
+    if cfg.safe_load and not cfg.node_name:
+        raise _fail("safe load needs the node's name: set NODE_NAME or --node-name")
+    host = Host(host_root)
+    chosen: DriverBackend
+    if backend == "sim":
+        from nicop.sim.kernel import SimulatedBackend, SimulatedKernel
+
+        chosen = SimulatedBackend(
+            SimulatedKernel(host_root),
+            precompiled=[] if sim_build_seconds > 0 else [cfg.version],
+            build_seconds=sim_build_seconds,
+        )
+    elif backend == "host":
+        chosen = HostBackend(driver.os_id(host), sources, inventory, nfsrdma=cfg.enable_nfsrdma)
+    else:
+        raise _fail(f"--backend must be host or sim, not {backend!r}")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        client = None
+        if cfg.safe_load:
+            from nicop.kube.client import ApiClient
+
+            client = ApiClient(kubeconfig)
+        try:
+            safe = (driver.SafeLoad(client, cfg.node_name or "", cfg.safe_load_annotation)
+                    if client is not None else None)
+            await driver.DriverAgent(cfg, host, chosen, safe).run(stop)
+        finally:
+            if client is not None:
+                await client.close()
+
+    try:
+        asyncio.run(main())
+    except driver.DriverError as e:
+        driver.log.error("driver not ready: %s", e)
+        raise _agent_fail(str(e)) from None
+
+
+@driver_app.command("probe")
+def driver_probe(
+    kind: Annotated[str, typer.Argument(help="startup, liveness or readiness.")],
+    host_root: HostRoot = Path("/"),
+    ready_file: ReadyFilePath = "/run/mellanox/drivers/.driver-ready",
+    version: DriverVersion = None,
+) -> None:
+    """Exit 0 or 1 with a one-line reason, for the driver DaemonSet's probes."""
+    from nicop.node import driver
+    from nicop.node.host import Host
+
+    try:
+        ok, reason = driver.probe(Host(host_root), kind, ready_file, version)
+    except ValueError as e:
+        raise _fail(str(e)) from None
+    print(reason)
+    if not ok:
+        raise typer.Exit(1)

@@ -406,6 +406,25 @@ class AppliedState(ApiModel):
     """Why the component is not ready."""
 
 
+class UpgradeFailure(ApiModel):
+    """A node whose driver upgrade failed, and why."""
+
+    name: str
+    reason: str | None = None
+
+
+class DriverUpgradeStatus(ApiModel):
+    """Progress of a rolling driver upgrade (nicop addition), from the nodes' upgrade states."""
+
+    done: int = 0
+    in_progress: int = 0
+    waiting: int = 0
+    failed: int = 0
+    in_progress_nodes: list[str] | None = None
+    """Nodes between cordon and uncordon."""
+    failed_nodes: list[UpgradeFailure] | None = None
+
+
 class NicPolicyStatus(ApiModel):
     """Observed state of a policy: overall, per component, and as conditions."""
 
@@ -419,6 +438,8 @@ class NicPolicyStatus(ApiModel):
     """A <Component>Ready condition per configured component and an aggregate Ready."""
     observed_generation: int | None = None
     """The spec generation this status describes."""
+    driver_upgrade: DriverUpgradeStatus | None = None
+    """How far a rolling driver upgrade has come (when autoUpgrade is on)."""
 
 
 class NicClusterPolicy(KubeObject):

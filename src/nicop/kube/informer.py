@@ -111,6 +111,11 @@ class Informer:
         """Call handler(event, obj, old) for ADDED/MODIFIED/DELETED; it must not block."""
         self._handlers.append(handler)
 
+    def assume(self, obj: Obj) -> None:
+        """Put the result of the caller's own write into the cache now, before the watch
+        delivers it, so the next reconcile does not act on what it already changed."""
+        self.store.put(obj)
+
     def _emit(self, event: str, obj: Obj, old: Obj | None) -> None:
         for handler in self._handlers:
             try:
@@ -167,6 +172,9 @@ class Informer:
                         self.store.remove(key_of(obj))
                         self._emit("DELETED", obj, obj)
                     else:
+                        current = self.store.get(key_of(obj))
+                        if current is not None and _older(obj, current):
+                            continue  # our own write, assumed earlier, is already newer
                         old = self.store.put(obj)
                         self._emit("ADDED" if old is None else "MODIFIED", obj, old)
                 backoff = 0.2
@@ -181,3 +189,11 @@ class Informer:
                 log.warning("watch of %s broke: %s; retrying in %.1fs", self.res, e, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30)
+
+
+def _older(obj: Obj, than: Obj) -> bool:
+    """True when obj's resourceVersion is below than's (etcd versions are integers)."""
+    try:
+        return int(obj["metadata"]["resourceVersion"]) < int(than["metadata"]["resourceVersion"])
+    except (KeyError, ValueError):
+        return False

@@ -46,6 +46,7 @@ SERVICE_ACCOUNT = Resource("", "v1", "ServiceAccount", "serviceaccounts")
 EVENT = Resource("", "v1", "Event", "events")
 DAEMONSET = Resource("apps", "v1", "DaemonSet", "daemonsets")
 DEPLOYMENT = Resource("apps", "v1", "Deployment", "deployments")
+CONTROLLER_REVISION = Resource("apps", "v1", "ControllerRevision", "controllerrevisions")
 CLUSTER_ROLE = Resource(
     "rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", namespaced=False
 )
@@ -69,7 +70,8 @@ BUILTIN = {
     r.api_version + "/" + r.kind: r
     for r in (
         NAMESPACE, NODE, POD, CONFIGMAP, SECRET, SERVICE, SERVICE_ACCOUNT, EVENT, DAEMONSET,
-        DEPLOYMENT, CLUSTER_ROLE, CLUSTER_ROLE_BINDING, ROLE, ROLE_BINDING, LEASE, CRD,
+        DEPLOYMENT, CONTROLLER_REVISION, CLUSTER_ROLE, CLUSTER_ROLE_BINDING, ROLE, ROLE_BINDING,
+        LEASE, CRD,
         POD_DISRUPTION_BUDGET, NETWORK_ATTACHMENT_DEFINITION,
     )
 }

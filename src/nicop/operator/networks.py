@@ -159,12 +159,10 @@ class NetworkController:
             r["uid"] for r in o["metadata"].get("ownerReferences") or []])
         self.controller = manager.add(Controller("networks", self.reconcile))
         queue = self.controller.queue
-        self.informers = {}
-        for kind_name, kind in KINDS.items():
-            informer = manager.informer(kind.resource)
-            informer.on_change(lambda ev, obj, old, k=kind_name: queue.add(
-                f"{k}/{obj['metadata']['name']}"))
-            self.informers[kind_name] = informer
+        self.informers = {name: manager.informer(kind.resource) for name, kind in KINDS.items()}
+        for informer in self.informers.values():
+            informer.on_change(lambda ev, obj, old: queue.add(
+                f"{obj['kind']}/{obj['metadata']['name']}"))
 
         def nad_changed(event: str, nad: Obj, old: Obj | None) -> None:
             for ref in nad["metadata"].get("ownerReferences") or []:

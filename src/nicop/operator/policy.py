@@ -121,6 +121,8 @@ class PolicyController:
         applied = [await self._sync_state(state, ctx, unmanaged) for state in STATES]
         await self._sync_node_labels(policy)
         status = self._status(policy, applied, unmanaged)
+        if progress := upgrade_progress(all_nodes):
+            status["driverUpgrade"] = progress
         if warnings := removed_fields(policy):
             status["conditions"].append(_condition(
                 "RemovedFieldsIgnored", True, "RemovedFields", "; ".join(warnings),
@@ -307,6 +309,34 @@ def _comparable(status: Obj) -> Obj:
     conditions = [{k: v for k, v in c.items() if k != "lastTransitionTime"}
                   for c in status.get("conditions") or []]
     return {**status, "conditions": conditions}
+
+
+def upgrade_progress(nodes: list[Obj]) -> Obj | None:
+    """The rolling-upgrade summary of status.driverUpgrade, from the nodes' upgrade labels."""
+    from nicop.operator import upgrade
+
+    counts = {"done": 0, "inProgress": 0, "waiting": 0, "failed": 0}
+    in_progress, failed = [], []
+    for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
+        state = node_rules.labels_of(node).get(upgrade.STATE_LABEL)
+        name = node["metadata"]["name"]
+        if state is None:
+            continue
+        if state == upgrade.DONE:
+            counts["done"] += 1
+        elif state == upgrade.FAILED:
+            counts["failed"] += 1
+            reason = (node["metadata"].get("annotations") or {}).get(upgrade.FAILURE_ANNOTATION)
+            failed.append({"name": name, **({"reason": reason} if reason else {})})
+        elif state in upgrade.IN_PROGRESS:
+            counts["inProgress"] += 1
+            in_progress.append(name)
+        else:
+            counts["waiting"] += 1
+    if not any(counts.values()):
+        return None
+    return {**counts, **({"inProgressNodes": in_progress} if in_progress else {}),
+            **({"failedNodes": failed} if failed else {})}
 
 
 def removed_fields(policy: Obj) -> list[str]:

@@ -14,6 +14,7 @@ from nicop.kube.leader import LeaderElector
 from nicop.kube.manager import Manager
 from nicop.operator.networks import NetworkController
 from nicop.operator.policy import PolicyController
+from nicop.operator.upgrade import UpgradeController
 
 LEASE_NAME = "12620820.mellanox.com"  # upstream's leader election ID, so only one of both runs
 
@@ -41,14 +42,16 @@ async def run(
             retry_period=max(lease_duration / 7.5, 0.2),
         )
     manager = Manager(client, elector=elector, health_address=health_address)
+    recorder = EventRecorder(client)
     PolicyController(
         manager,
         namespace,
-        EventRecorder(client),
+        recorder,
         cni_bin_dir=os.environ.get("CNI_BIN_DIR", "/opt/cni/bin"),
         cni_network_dir=os.environ.get("CNI_NETWORK_DIR", "/etc/cni/net.d"),
     )
     NetworkController(manager)
+    UpgradeController(manager, namespace, recorder)
     # SIGTERM (a pod being stopped) ends the run cleanly, so the lease is handed over at once.
     task = asyncio.current_task()
     assert task is not None

@@ -498,14 +498,14 @@ class LocalCluster:
             except ApiError as e:
                 if e.status.code != 409:
                     raise
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 60 + 0.1 * len(names)
         while True:
             ready = {n.metadata.name for n in client.list(Node) if _node_ready(n)}
             if ready.issuperset(names):
                 break
             if time.monotonic() > deadline:
                 raise ClusterError(
-                    f"nodes {sorted(set(names) - ready)} did not become Ready within 60s; "
+                    f"nodes {sorted(set(names) - ready)[:10]} did not become Ready in time; "
                     f"see {self.log_dir / 'kwok.log'}"
                 )
             time.sleep(0.2)
@@ -559,12 +559,16 @@ class LocalCluster:
 
 @contextlib.contextmanager
 def running_cluster(
-    state_dir: Path, bin_dir: Path | None = None, nodes: int = 4, progress: Progress = print
+    state_dir: Path,
+    bin_dir: Path | None = None,
+    nodes: int = 4,
+    profiles: list[str] | None = None,
+    progress: Progress = print,
 ) -> Iterator[LocalCluster]:
     """A cluster that lives as long as the `with` block, and no longer even if the caller dies."""
     cluster = LocalCluster(state_dir, bin_dir)
     try:
-        cluster.up(nodes=nodes, die_with_parent=True, progress=progress)
+        cluster.up(nodes=nodes, profiles=profiles, die_with_parent=True, progress=progress)
         yield cluster
     finally:
         cluster.down()

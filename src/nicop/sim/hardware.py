@@ -185,7 +185,9 @@ class SimulatedHost(Host):
     """A `Host` whose root is a fixture tree, with the kernel's behaviour for the files it changes.
 
     Writes through `write()` to `sriov_numvfs` take the kernel's path (VFs created or removed,
-    errno on refusal); every other write is a plain file write.
+    errno on refusal); every other write is a plain file write. What the kernel would know from
+    the hardware (MACs, firmware, a function's netdev name) is kept in a hidden `.sim/` directory
+    of each PCI function, which discovery never reads.
     """
 
     def __init__(self, root: Path | str) -> None:
@@ -209,7 +211,6 @@ class SimulatedHost(Host):
         host._file(f"{CLASS_MAD}/abi_version", "5")
         host._file("/sys/class/misc/rdma_cm/abi_version", "4")
         host._file(f"{DEV_IB}/rdma_cm", "")
-        host._file("/etc/hostname", prof.name)
         used_buses: set[int] = set()
         for index, nic in enumerate(prof.nics):
             bus = nic.bus if nic.bus is not None else _lowest_free(used_buses | {0})
@@ -223,8 +224,8 @@ class SimulatedHost(Host):
         for fn in range(nic.ports):
             address = pci_address(bus, fn)
             self._add_function(
-                address, parent, nic.vendor_id, nic.device_id, nic.link_type, nic.numa_node,
-                nic.revision, nic.subsystem_device, PF_DRIVER,
+                address, parent, nic.vendor_id, nic.device_id, _class_code(nic.link_type),
+                nic.numa_node, nic.revision, nic.subsystem_device, PF_DRIVER,
             )
             dev = self._pci(address)
             # Dual-function cards reserve room for all of PF0's VFs before PF1's (kernel iov.c).
@@ -235,21 +236,31 @@ class SimulatedHost(Host):
                 ("sriov_vf_device", nic.vf_device_id), ("sriov_drivers_autoprobe", "1"),
             ):
                 self._file(f"{dev}/{name}", value)
-            mac = f"b8:3f:d2:{seed & 0xFF:02x}:{index:02x}:{fn * 16:02x}"
+            mac = f"b8:3f:d2:{seed & 0xFF:02x}:{index:02x}:{fn:02x}"
             self._file(f"{dev}/.sim/mac", mac)
             self._file(f"{dev}/.sim/fw", f"{nic.fw_version}\n{nic.board_id}")
             prefix = "ib" if nic.link_type == "ib" else "en"
             base = f"{prefix}p{bus}s0" + (f"f{fn}" if nic.ports > 1 else "")
             name = base if nic.link_type == "ib" else f"{base}np{fn}"
             self._file(f"{dev}/.sim/vf_base", base)
+            self._file(f"{dev}/.sim/netdev", name)
             self._bind_mlx5(address, name, mac, guid=_guid(mac))
 
+    def add_pci_device(
+        self, address: str, vendor: str, device: str, class_code: int,
+        driver: str | None = None, numa_node: int = 0,
+    ) -> None:
+        """Plug in another PCI function (an accelerator, another vendor's NIC), no netdev."""
+        parent = "/sys/devices/pci0000:00/0000:00:1f.0"
+        self._file(f"{parent}/vendor", "0x8086")
+        self._add_function(address, parent, vendor, device, class_code, numa_node, 0, "0000",
+                           driver)
+
     def _add_function(
-        self, address: str, parent: str, vendor: str, device: str, link_type: str, numa: int,
+        self, address: str, parent: str, vendor: str, device: str, cls_code: int, numa: int,
         revision: int, subsystem_device: str, driver: str | None,
     ) -> None:
         dev = f"{parent}/{address}"
-        cls_code = 0x020700 if link_type == "ib" else 0x020000
         self._file(f"{dev}/vendor", f"0x{vendor}")
         self._file(f"{dev}/device", f"0x{device}")
         self._file(f"{dev}/class", f"0x{cls_code:06x}")
@@ -259,7 +270,8 @@ class SimulatedHost(Host):
         self._file(
             f"{dev}/modalias",
             f"pci:v0000{vendor.upper()}d0000{device.upper()}sv0000{vendor.upper()}"
-            f"sd0000{subsystem_device.upper()}bc02sc{(cls_code >> 8) & 0xFF:02X}i00",
+            f"sd0000{subsystem_device.upper()}bc{cls_code >> 16:02X}sc{(cls_code >> 8) & 0xFF:02X}"
+            f"i{cls_code & 0xFF:02X}",
         )
         self._file(f"{dev}/numa_node", str(numa))
         self._file(f"{dev}/local_cpulist", NUMA_CPUS[numa % 2] if numa >= 0 else "0-223")
@@ -362,7 +374,6 @@ class SimulatedHost(Host):
         offset = int(self._read(f"{dev}/sriov_offset"))
         stride = int(self._read(f"{dev}/sriov_stride"))
         autoprobe = self._read(f"{dev}/sriov_drivers_autoprobe") == "1"
-        link_type = "ib" if self._read(f"{dev}/class") == "0x020700" else "eth"
         parent = str(PurePosixPath(dev).parent)
         pf_mac = self._read(f"{dev}/.sim/mac")
         base = self._read(f"{dev}/.sim/vf_base")
@@ -373,17 +384,18 @@ class SimulatedHost(Host):
             vf = pci_address(bus + (pos >> 8), pos & 0xFF, domain)
             self._add_function(
                 vf, parent, self._read(f"{dev}/vendor")[2:], self._read(f"{dev}/sriov_vf_device"),
-                link_type, int(self._read(f"{dev}/numa_node")),
+                int(self._read(f"{dev}/class"), 16), int(self._read(f"{dev}/numa_node")),
                 int(self._read(f"{dev}/revision"), 16), self._read(f"{dev}/subsystem_device")[2:],
                 PF_DRIVER if autoprobe else None,
             )
             self._link(f"{parent}/{vf}/physfn", dev)
             self._link(f"{dev}/virtfn{i}", f"{parent}/{vf}")
-            self._file(f"{parent}/{vf}/.sim/mac", f"02{pf_mac[2:-2]}{i + 1:02x}")
+            vf_mac = _derived_mac(pf_mac, 0x02, i + 1)
+            self._file(f"{parent}/{vf}/.sim/mac", vf_mac)
             self._file(f"{parent}/{vf}/.sim/fw", self._read(f"{dev}/.sim/fw"))
             self._file(f"{parent}/{vf}/.sim/netdev", f"{base}v{i}")
             if autoprobe:
-                self._bind_mlx5(vf, f"{base}v{i}", f"02{pf_mac[2:-2]}{i + 1:02x}",
+                self._bind_mlx5(vf, f"{base}v{i}", vf_mac,
                                 guid="0000:0000:0000:0000", up=up)
 
     def set_link(self, ifname: str, up: bool) -> None:
@@ -420,8 +432,9 @@ class SimulatedHost(Host):
             physfn = self.link_name(f"{dev}/physfn")
             pf_net = physfn and self.netdev(physfn)
             up = not pf_net or self._read(f"{CLASS_NET}/{pf_net}/operstate") == "up"
-            self._bind_mlx5(address, name, self._read(f"{dev}/.sim/mac"),
-                            guid="0000:0000:0000:0000", up=up)
+            mac = self._read(f"{dev}/.sim/mac")
+            self._bind_mlx5(address, name, mac, guid=_guid(mac) if not physfn
+                            else "0000:0000:0000:0000", up=up)
         elif driver == "vfio-pci":
             self._set_driver_link(address, driver)
             group = self.link_name(f"{dev}/iommu_group")
@@ -454,7 +467,7 @@ class SimulatedHost(Host):
         self._file(f"{aux}/sfnum", str(sfnum))
         self._link(f"{aux}/driver", "/sys/bus/auxiliary/drivers/mlx5_core.sf")
         self._link(f"{AUX_DEVICES}/{name}", aux)
-        mac = f"02{self._read(f'{dev}/.sim/mac')[2:-2]}{0x80 + sfnum % 0x80:02x}"
+        mac = _derived_mac(self._read(f"{dev}/.sim/mac"), 0x06, sfnum)
         base = self._read(f"{dev}/.sim/vf_base")
         self._add_netdev(aux, f"{base}s{sfnum}", "eth", mac, up=True)
         self._add_rdma_at(aux, f"{base}s{sfnum}", _guid(mac), up=True, link_type="eth")
@@ -614,6 +627,17 @@ class SimulatedHost(Host):
             shutil.rmtree(self.path(f"{IOMMU_GROUPS}/{group}"), ignore_errors=True)
         os.unlink(self.path(f"{PCI_DEVICES}/{address}"))
         shutil.rmtree(self.path(dev))
+
+
+def _class_code(link_type: str) -> int:
+    """PCI class of a ConnectX port: InfiniBand controller or Ethernet controller."""
+    return 0x020700 if link_type == "ib" else 0x020000
+
+
+def _derived_mac(pf_mac: str, kind: int, n: int) -> str:
+    """A locally administered MAC for function `n` of a PF: kind, the PF's low bytes, `n`."""
+    low = pf_mac.split(":")[3:]
+    return f"{kind:02x}:{':'.join(low)}:{n >> 8 & 0xFF:02x}:{n & 0xFF:02x}"
 
 
 def _guid(mac: str) -> str:

@@ -1,0 +1,261 @@
+"""`nicop rdma-device-plugin`: the RDMA shared device plugin, a drop-in for
+Mellanox/k8s-rdma-shared-dev-plugin (same config file, resource names, socket names and Allocate
+answer).
+
+Each configList entry is a pool of NICs chosen by selectors, advertised as `rdmaHcaMax` shared
+slots ("0", "1", ...) of `<resourcePrefix>/<resourceName>`; a container given any slot gets the
+/dev/infiniband character devices of every NIC in the pool, plus rdma_cm.
+
+Where nicop differs: a pool's slots turn Unhealthy while one of its NICs has its link down, lost
+its RDMA device, or rdma_cm is missing (upstream never changes health), and back when it recovers,
+within a poll interval; the reason is logged. Allocate lists rdma_cm once, not once per NIC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from nicop.node.deviceplugin import api_pb2 as pb
+from nicop.node.deviceplugin.config import ConfigError, entry_name, parse, read_json
+from nicop.node.deviceplugin.server import (
+    AllocationError,
+    Device,
+    DevicePluginServer,
+    ServerSet,
+    run_agent,
+)
+from nicop.node.discovery import Inventory, PciFunction, scan
+from nicop.node.host import Host
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONFIG = Path("/k8s-rdma-shared-dev-plugin/config.json")
+DEFAULT_PREFIX = "rdma"
+DEFAULT_PERIODIC_UPDATE = 60
+RESOURCE_NAME = re.compile(r"^[a-zA-Z0-9_]+$")
+
+
+class Selectors(BaseModel):
+    """OR within a list, AND between lists; values compared exactly, as upstream does."""
+
+    model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
+
+    vendors: list[str] = []
+    device_ids: list[str] = Field(default=[], alias="deviceIDs")
+    drivers: list[str] = []
+    if_names: list[str] = Field(default=[], alias="ifNames")
+    link_types: list[str] = Field(default=[], alias="linkTypes")
+
+    @property
+    def empty(self) -> bool:
+        return not (self.vendors or self.device_ids or self.drivers or self.if_names
+                    or self.link_types)
+
+    def matches(self, fn: PciFunction) -> bool:
+        net = fn.netdev
+        return (
+            (not self.vendors or fn.vendor in self.vendors)
+            and (not self.device_ids or fn.device in self.device_ids)
+            and (not self.drivers or fn.driver in self.drivers)
+            and (not self.if_names or (net is not None and net.name in self.if_names))
+            and (not self.link_types or (net is not None and net.link_type in self.link_types))
+        )
+
+
+class ResourceConfig(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
+
+    resource_name: str = Field(alias="resourceName")
+    resource_prefix: str = Field(default=DEFAULT_PREFIX, alias="resourcePrefix")
+    rdma_hca_max: int = Field(default=0, alias="rdmaHcaMax")
+    devices: list[str] | None = None  # deprecated: the same as selectors.ifNames
+    selectors: Selectors | None = None
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.resource_prefix or DEFAULT_PREFIX}/{self.resource_name}"
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
+
+    periodic_update_interval: int | None = Field(default=None, alias="periodicUpdateInterval")
+    config_list: list[ResourceConfig] = Field(alias="configList")
+
+    @property
+    def update_interval(self) -> int:
+        """Seconds between rediscoveries of the pools' NICs; 0 turns it off."""
+        if self.periodic_update_interval is None:
+            return DEFAULT_PERIODIC_UPDATE
+        return self.periodic_update_interval
+
+
+def load_config(path: Path) -> Config:
+    """Read and check a config file as upstream does; ConfigError names the entry and field."""
+    data = read_json(path)
+    config = parse(Config, data, path, "configList")
+    if config.update_interval < 0:
+        raise ConfigError(f"{path}: periodicUpdateInterval: must be 0 (off) or more seconds, "
+                          f"got {config.update_interval}")
+    if not config.config_list:
+        raise ConfigError(f"{path}: configList: no resources configured; add at least one "
+                          '{"resourceName": ..., "selectors": {...}}')
+    seen: dict[str, str] = {}
+    for i, res in enumerate(config.config_list):
+        where = f"{path}: {entry_name(data, 'configList', i)}"
+        if not RESOURCE_NAME.match(res.resource_name):
+            raise ConfigError(
+                f"{where}: resourceName: {res.resource_name!r} may contain only letters, digits "
+                f"and '_' ({RESOURCE_NAME.pattern}); hyphens are not allowed"
+            )
+        if res.full_name in seen:
+            raise ConfigError(f"{where}: resourceName: {res.full_name} is already defined by "
+                              f"{seen[res.full_name]}")
+        seen[res.full_name] = entry_name(data, "configList", i)
+        if res.rdma_hca_max < 0:
+            raise ConfigError(f"{where}: rdmaHcaMax: must be 0 or more, got {res.rdma_hca_max}")
+        if res.devices is not None and res.selectors is not None:
+            raise ConfigError(f"{where}: devices: cannot specify both devices and selectors; "
+                              "move the names to selectors.ifNames")
+        if res.devices is not None:
+            log.warning("%s: devices: deprecated, use selectors.ifNames", where)
+            res.selectors = Selectors(ifNames=res.devices)
+        if res.selectors is None:
+            raise ConfigError(f"{where}: selectors: required (vendors, deviceIDs, drivers, "
+                              "ifNames or linkTypes)")
+        if res.selectors.empty:
+            raise ConfigError(f"{where}: selectors: empty; give at least one of vendors, "
+                              "deviceIDs, drivers, ifNames, linkTypes (an empty selector would "
+                              "take every NIC of the node)")
+    return config
+
+
+class Pool:
+    """One configList entry: its NICs, their health, and what Allocate hands out."""
+
+    def __init__(self, conf: ResourceConfig) -> None:
+        self.conf = conf
+        self.resource_name = conf.full_name
+        self.socket_name = f"{conf.resource_name}.sock"
+        self.members: list[str] = []  # PCI addresses
+        self._inventory: Inventory | None = None
+        self._problems: dict[str, str] = {}
+
+    def refresh(self, inv: Inventory) -> None:
+        """Rediscover the pool's NICs: those the selectors match that have (or had) RDMA.
+
+        A NIC that loses its RDMA device stays in the pool, unhealthy, until it comes back.
+        """
+        assert self.conf.selectors is not None
+        members = []
+        for fn in inv.network_functions():
+            if not self.conf.selectors.matches(fn):
+                continue
+            if any(r.usable for r in fn.rdma) or fn.address in self.members:
+                members.append(fn.address)
+            else:
+                log.info("%s: %s matches but has no RDMA device; skipped (is mlx5_ib loaded?)",
+                         self.resource_name, _describe(fn), extra={"resource": self.resource_name})
+        if members != self.members:
+            log.info("%s: NICs %s", self.resource_name,
+                     ", ".join(_describe(inv.functions[a]) for a in members) or "none",
+                     extra={"resource": self.resource_name})
+        self.members = members
+
+    def devices(self, inv: Inventory) -> list[Device]:
+        """The shared slots, all Healthy unless a NIC of the pool has a problem."""
+        self._inventory = inv
+        problems = {a: p for a in self.members if (p := _problem(inv, a))}
+        for address, problem in problems.items():
+            if self._problems.get(address) != problem:
+                log.warning("%s: %s: %s; its devices are Unhealthy", self.resource_name,
+                            address, problem, extra={"resource": self.resource_name})
+        for address in self._problems.keys() - problems.keys():
+            log.info("%s: %s recovered", self.resource_name, address,
+                     extra={"resource": self.resource_name})
+        self._problems = problems
+        if not self.members:
+            return []
+        return [Device(str(i), healthy=not problems) for i in range(self.conf.rdma_hca_max)]
+
+    def allocate(self, ids: Sequence[str]) -> pb.ContainerAllocateResponse:
+        """Every character device of every NIC of the pool, each once, then rdma_cm."""
+        inv = self._inventory
+        paths: list[str] = []
+        for address in self.members:
+            fn = inv.functions.get(address) if inv else None
+            for rdma in fn.rdma if fn else ():
+                paths += rdma.char_devices
+        if not paths or inv is None or inv.rdma_cm is None:
+            raise AllocationError("no RDMA character devices present for this pool")
+        paths.append(inv.rdma_cm)
+        return pb.ContainerAllocateResponse(devices=[
+            pb.DeviceSpec(container_path=p, host_path=p, permissions="rwm")
+            for p in dict.fromkeys(paths)
+        ])
+
+
+def _problem(inv: Inventory, address: str) -> str | None:
+    """Why a NIC cannot serve RDMA right now, or None."""
+    fn = inv.functions.get(address)
+    if fn is None:
+        return "the PCI device is gone"
+    if not any(r.usable for r in fn.rdma):
+        return "no RDMA device or no /dev/infiniband/uverbs* (is mlx5_ib / ib_uverbs loaded?)"
+    if inv.rdma_cm is None:
+        return "/dev/infiniband/rdma_cm is missing (is rdma_ucm loaded?)"
+    net = fn.netdev
+    if net is not None and not net.up:
+        return f"link {net.name} is {net.operstate}"
+    if net is None and fn.rdma[0].port_state not in ("ACTIVE", ""):
+        return f"port 1 of {fn.rdma[0].name} is {fn.rdma[0].port_state}"
+    return None
+
+
+def _describe(fn: PciFunction) -> str:
+    rdma = ",".join(r.name for r in fn.rdma)
+    return f"{fn.address} ({fn.netdev.name if fn.netdev else 'no netdev'}" + (
+        f", {rdma})" if rdma else ")")
+
+
+class RdmaAgent:
+    """The agent process: one server per pool, health checked every poll interval."""
+
+    def __init__(
+        self, config: Config, host: Host, socket_dir: Path, poll_interval: float = 0.5
+    ) -> None:
+        self.host = host
+        self.config = config
+        self.socket_dir = socket_dir
+        self.poll_interval = poll_interval
+        self.pools = [Pool(c) for c in config.config_list]
+        self.servers = ServerSet()
+        self._next_refresh = 0.0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        for pool in self.pools:
+            self.servers.start(DevicePluginServer(
+                pool.resource_name, self.socket_dir, pool.socket_name, pool.allocate,
+                poll_interval=self.poll_interval,
+            ))
+        await run_agent(self.servers, self.tick, self.poll_interval, stop)
+
+    async def tick(self) -> None:
+        """Health of the pools' NICs every tick; which NICs they hold every update interval."""
+        now = asyncio.get_running_loop().time()
+        if now >= self._next_refresh:
+            inv = scan(self.host)
+            for pool in self.pools:
+                pool.refresh(inv)
+            interval = self.config.update_interval
+            self._next_refresh = now + interval if interval else float("inf")
+        else:
+            inv = scan(self.host, only={a for p in self.pools for a in p.members})
+        for pool in self.pools:
+            self.servers.servers[pool.resource_name].update(pool.devices(inv))

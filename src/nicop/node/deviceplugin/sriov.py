@@ -1,0 +1,566 @@
+"""`nicop sriov-device-plugin`: the SR-IOV network device plugin, a drop-in for
+k8snetworkplumbingwg/sriov-network-device-plugin (same config file, resource and socket names,
+environment variables, device specs and device-info files).
+
+Each resourceList entry is a pool of devices chosen by selectors: VFs and PFs without VFs
+(`netDevice`), scalable functions (`auxNetDevice`), or accelerators; every device is advertised
+with its ID (PCI address or auxiliary device name) and NUMA node, and is given to one container.
+
+Where nicop differs: the host is rescanned every poll interval, so VFs created or removed later
+appear or vanish without a restart; the config file is reloaded when it changes (an invalid new
+config is logged and the running one kept); a device whose PF link is down is Unhealthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+from nicop.node.deviceplugin import api_pb2 as pb
+from nicop.node.deviceplugin.config import (
+    ConfigError,
+    dotted,
+    entry_name,
+    parse,
+    parse_part,
+    read_json,
+)
+from nicop.node.deviceplugin.server import (
+    AllocationError,
+    Device,
+    DevicePluginServer,
+    ServerSet,
+    run_agent,
+)
+from nicop.node.discovery import (
+    ACCELERATOR_CLASS,
+    AuxDevice,
+    Inventory,
+    Netdev,
+    PciFunction,
+    RdmaDevice,
+    scan,
+)
+from nicop.node.host import Host
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONFIG = Path("/etc/pcidp/config.json")
+DEFAULT_PREFIX = "intel.com"
+DEVICE_INFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo/dp"
+DEVICE_INFO_VERSION = "1.1.0"
+RESOURCE_NAME = re.compile(r"^[a-zA-Z0-9_-]+$")
+DEVICE_TYPES = ("netDevice", "accelerator", "auxNetDevice")
+VHOST_DEVICES = ("/dev/vhost-net", "/dev/net/tun")
+_PF_ITEM = re.compile(r"^([^#]+)(?:#(\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*))?$")
+
+
+# ----------------------------------------------------------------------------- config
+
+class Selectors(BaseModel):
+    """Fields every deviceType has; within a list OR, between fields AND."""
+
+    model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
+
+    vendors: list[str] = []
+    devices: list[str] = []
+    drivers: list[str] = []
+
+    def given(self) -> bool:
+        return any(v not in (None, False, []) for v in self.model_dump().values())
+
+
+class AccelSelectors(Selectors):
+    pci_addresses: list[str] = Field(default=[], alias="pciAddresses")
+
+
+class _NetworkSelectors(Selectors):
+    """Fields of the two network deviceTypes."""
+
+    pf_names: list[str] = Field(default=[], alias="pfNames")
+    root_devices: list[str] = Field(default=[], alias="rootDevices")
+    link_types: list[str] = Field(default=[], alias="linkTypes")
+    # Go's encoding/json matches keys case-insensitively; operators write "IsRdma".
+    is_rdma: bool = Field(default=False, validation_alias=AliasChoices("isRdma", "IsRdma"))
+    need_vhost_net: bool = Field(default=False, alias="needVhostNet")
+    acpi_indexes: list[str] = Field(default=[], alias="acpiIndexes")
+
+
+class NetSelectors(_NetworkSelectors):
+    pci_addresses: list[str] = Field(default=[], alias="pciAddresses")
+    p_keys: list[str] = Field(default=[], alias="pKeys")
+    ddp_profiles: list[str] = Field(default=[], alias="ddpProfiles")
+    vdpa_type: str | None = Field(default=None, alias="vdpaType")
+
+
+class AuxSelectors(_NetworkSelectors):
+    aux_types: list[str] = Field(default=[], alias="auxTypes")
+
+
+SELECTOR_MODELS: dict[str, type[Selectors]] = {
+    "netDevice": NetSelectors, "auxNetDevice": AuxSelectors, "accelerator": AccelSelectors,
+}
+
+
+class ResourceConfig(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
+
+    resource_name: str = Field(alias="resourceName")
+    resource_prefix: str | None = Field(default=None, alias="resourcePrefix")
+    device_type: str = Field(default="netDevice", alias="deviceType")
+    exclude_topology: bool = Field(default=False, alias="excludeTopology")
+    selectors: Any = None  # one object or a list; checked against the deviceType's fields
+    additional_info: dict[str, dict[str, str]] = Field(default={}, alias="additionalInfo")
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
+
+    resource_list: list[ResourceConfig] = Field(alias="resourceList")
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A checked resourceList entry."""
+
+    name: str  # <prefix>/<resourceName>
+    conf: ResourceConfig
+    selectors: tuple[Selectors, ...]
+
+    @property
+    def prefix(self) -> str:
+        return self.name.split("/")[0]
+
+    @property
+    def socket_name(self) -> str:
+        return f"{self.prefix}_{self.conf.resource_name}.sock"
+
+    @property
+    def env_name(self) -> str:
+        return f"PCIDEVICE_{self.prefix}_{self.conf.resource_name}".replace(".", "_").upper()
+
+
+def load_config(path: Path, default_prefix: str = DEFAULT_PREFIX) -> list[Resource]:
+    """Read and check a config file; ConfigError names the entry and the field."""
+    data = read_json(path)
+    config = parse(Config, data, path, "resourceList")
+    if not config.resource_list:
+        raise ConfigError(f"{path}: resourceList: no resources configured")
+    resources: list[Resource] = []
+    for i, conf in enumerate(config.resource_list):
+        where = f"{path}: {entry_name(data, 'resourceList', i)}"
+        if not RESOURCE_NAME.match(conf.resource_name):
+            raise ConfigError(f"{where}: resourceName: {conf.resource_name!r} may contain only "
+                              f"letters, digits, '_' and '-' ({RESOURCE_NAME.pattern})")
+        name = f"{conf.resource_prefix or default_prefix}/{conf.resource_name}"
+        if any(r.name == name for r in resources):
+            raise ConfigError(f"{where}: resourceName: {name} is defined twice")
+        if conf.device_type not in DEVICE_TYPES:
+            raise ConfigError(f"{where}: deviceType: {conf.device_type!r} is not one of "
+                              f"{', '.join(DEVICE_TYPES)}")
+        resources.append(Resource(name, conf, _selectors(conf, where)))
+    return resources
+
+
+def _selectors(conf: ResourceConfig, where: str) -> tuple[Selectors, ...]:
+    raw = conf.selectors
+    items = [raw] if isinstance(raw, dict) else raw
+    if not isinstance(items, list) or not items:
+        raise ConfigError(f"{where}: selectors: required, an object or a non-empty list of "
+                          "objects, e.g. {\"vendors\": [\"15b3\"], \"devices\": [\"101e\"]}")
+    model = SELECTOR_MODELS[conf.device_type]
+    result: list[Selectors] = []
+    for j, item in enumerate(items):
+        at = "selectors" if isinstance(raw, dict) else f"selectors[{j}]"
+
+        def place(loc: tuple[Any, ...], at: str = at) -> str:
+            return f"{where}: {dotted((at, *loc))}"
+
+        sel = parse_part(model, item, place)
+        if not sel.given():
+            raise ConfigError(f"{where}: {at}: empty; give at least one selector, e.g. "
+                              "vendors, devices, drivers or pfNames")
+        if isinstance(sel, _NetworkSelectors):
+            for field in ("pfNames", "rootDevices"):
+                values = sel.pf_names if field == "pfNames" else sel.root_devices
+                for k, value in enumerate(values):
+                    problem = (f"{value!r} is not <PF>[#<i>,<a>-<b>,...]"
+                               if _PF_ITEM.match(value) is None else _ranges_error(value))
+                    if problem:
+                        raise ConfigError(f"{where}: {at}.{field}[{k}]: {problem}")
+        if isinstance(sel, NetSelectors):
+            if sel.vdpa_type is not None:
+                raise ConfigError(f"{where}: {at}.vdpaType: vDPA devices are not supported")
+            if sel.ddp_profiles:
+                raise ConfigError(f"{where}: {at}.ddpProfiles: Intel DDP profiles are not "
+                                  "supported")
+        if isinstance(sel, AuxSelectors) and sel.aux_types != ["sf"]:
+            raise ConfigError(f"{where}: {at}.auxTypes: must be [\"sf\"] (scalable functions), "
+                              f"got {json.dumps(sel.aux_types)}")
+        result.append(sel)
+    return tuple(result)
+
+
+def _ranges_error(value: str) -> str | None:
+    for part in value.partition("#")[2].split(",") if "#" in value else ():
+        first, _, last = part.partition("-")
+        if last and int(first) > int(last):
+            return f"range {part} in {value!r} runs backwards (write {last}-{first})"
+    return None
+
+
+def _index_sets(values: Sequence[str]) -> dict[str, set[int] | None]:
+    """`["ens1f0#0-3,7", "ens1f1"]` -> {"ens1f0": {0, 1, 2, 3, 7}, "ens1f1": None (all)}."""
+    result: dict[str, set[int] | None] = {}
+    for value in values:
+        name, _, spec = value.partition("#")
+        if not spec:
+            result[name.lower()] = None
+            continue
+        indexes: set[int] = set()
+        for part in spec.split(","):
+            first, _, last = part.partition("-")
+            indexes.update(range(int(first), int(last or first) + 1))
+        result[name.lower()] = indexes
+    return result
+
+
+# ----------------------------------------------------------------------------- devices
+
+@dataclass(frozen=True)
+class Candidate:
+    """A device a pool may take, with what the selectors look at."""
+
+    id: str
+    vendor: str
+    device: str
+    driver: str | None
+    numa_node: int
+    pci: PciFunction | None  # None for auxiliary devices
+    pf: PciFunction | None
+    index: int | None  # VF index, or SF number
+    netdev: Netdev | None
+    link: Netdev | None  # the netdev whose link decides health (the PF's, for a VF)
+    rdma: tuple[RdmaDevice, ...]
+    acpi_index: str | None
+    aux_type: str | None = None  # "sf" for a scalable function
+
+    @property
+    def link_type(self) -> str:
+        for net in (self.netdev, self.link):
+            if net is not None and net.link_type:
+                return net.link_type
+        return ""
+
+
+def candidates(inv: Inventory, device_type: str) -> list[Candidate]:
+    if device_type == "auxNetDevice":
+        return [_aux_candidate(inv, aux) for aux in inv.aux.values()
+                if aux.parent in inv.functions]
+    if device_type == "accelerator":
+        return [_pci_candidate(inv, fn) for fn in inv.functions.values()
+                if fn.base_class == ACCELERATOR_CLASS and fn.driver]
+    result = []
+    for fn in inv.network_functions():
+        if not fn.driver:
+            continue  # unbound: nothing can use it
+        if fn.total_vfs is not None and fn.num_vfs > 0:
+            continue  # a PF whose VFs are configured is not handed out itself
+        if any(n.name in inv.default_route_ifaces for n in fn.netdevs):
+            log.debug("%s carries the default route; not offered", fn.address)
+            continue
+        result.append(_pci_candidate(inv, fn))
+    return result
+
+
+def _pci_candidate(inv: Inventory, fn: PciFunction) -> Candidate:
+    pf = inv.functions.get(fn.pf) if fn.pf else None
+    return Candidate(
+        id=fn.address, vendor=fn.vendor, device=fn.device, driver=fn.driver,
+        numa_node=fn.numa_node, pci=fn, pf=pf, index=fn.vf_index, netdev=fn.netdev,
+        link=inv.pf_netdev(fn), rdma=fn.rdma, acpi_index=fn.acpi_index,
+    )
+
+
+def _aux_candidate(inv: Inventory, aux: AuxDevice) -> Candidate:
+    parent = inv.functions[aux.parent]
+    return Candidate(
+        id=aux.name, vendor=parent.vendor, device=parent.device, driver=parent.driver,
+        numa_node=parent.numa_node, pci=None, pf=parent, index=aux.sfnum,
+        netdev=aux.netdevs[0] if aux.netdevs else None, link=parent.netdev, rdma=aux.rdma,
+        acpi_index=None, aux_type=aux.type,
+    )
+
+
+def selects(sel: Selectors, c: Candidate, host: Host) -> bool:
+    """Whether selector object `sel` takes candidate `c` (AND of every field that is set)."""
+    if sel.vendors and c.vendor not in sel.vendors:
+        return False
+    if sel.devices and c.device not in sel.devices:
+        return False
+    if sel.drivers and c.driver not in sel.drivers:
+        return False
+    if isinstance(sel, AccelSelectors | NetSelectors) and sel.pci_addresses \
+            and c.id not in sel.pci_addresses:
+        return False
+    if not isinstance(sel, _NetworkSelectors):
+        return True
+    if isinstance(sel, NetSelectors) and sel.acpi_indexes and c.acpi_index not in sel.acpi_indexes:
+        return False
+    if isinstance(sel, AuxSelectors) and c.aux_type not in sel.aux_types:
+        return False
+    if sel.pf_names and not _in_pf(sel.pf_names, c.pf.netdev.name if c.pf and c.pf.netdev
+                                   else None, c.index):
+        return False
+    if sel.root_devices and not _in_pf(sel.root_devices, c.pf.address if c.pf else None,
+                                       c.index):
+        return False
+    if sel.link_types and c.link_type not in sel.link_types:
+        return False
+    if isinstance(sel, NetSelectors) and sel.p_keys and not any(
+            r.pkey in sel.p_keys for r in c.rdma):
+        return False
+    if sel.is_rdma and not any(r.usable for r in c.rdma):
+        return False
+    return not (sel.need_vhost_net and not all(host.exists(p) for p in VHOST_DEVICES))
+
+
+def _in_pf(values: Sequence[str], pf: str | None, index: int | None) -> bool:
+    if pf is None or index is None:
+        return False  # PFs themselves, and VFs without a PF (in a VM), never match
+    wanted = _index_sets(values)
+    if pf.lower() not in wanted:
+        return False
+    indexes = wanted[pf.lower()]
+    return indexes is None or index in indexes
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A device in a pool, with the selector flags that decide what Allocate gives."""
+
+    candidate: Candidate
+    rdma: bool
+    vhost: bool
+
+
+class Pool:
+    """One resource: the devices its selectors took in the last scan, and Allocate."""
+
+    def __init__(self, resource: Resource, host: Host) -> None:
+        self.resource = resource
+        self.host = host
+        self.devices: dict[str, Taken] = {}
+        self.rdma_cm: str | None = None
+
+    def select(self, inv: Inventory, found: list[Candidate], taken: set[str]) -> list[Device]:
+        """Take matching candidates not `taken` by an earlier pool; returns the device list."""
+        self.rdma_cm = inv.rdma_cm
+        devices: dict[str, Taken] = {}
+        for sel in self.resource.selectors:
+            for c in found:
+                if c.id in taken or c.id in devices:
+                    continue
+                if selects(sel, c, self.host):
+                    net = sel if isinstance(sel, _NetworkSelectors) else None
+                    devices[c.id] = Taken(c, rdma=bool(net and net.is_rdma),
+                                          vhost=bool(net and net.need_vhost_net))
+        taken.update(devices)
+        if devices.keys() != self.devices.keys():
+            log.info("%s: devices %s", self.resource.name, ", ".join(devices) or "none",
+                     extra={"resource": self.resource.name})
+        self.devices = devices
+        exclude = self.resource.conf.exclude_topology
+        return [
+            Device(
+                t.candidate.id,
+                healthy=_healthy(t),
+                numa_node=None if exclude or t.candidate.numa_node < 0 else t.candidate.numa_node,
+            )
+            for t in devices.values()
+        ]
+
+    def allocate(self, ids: Sequence[str]) -> pb.ContainerAllocateResponse:
+        specs: dict[str, pb.DeviceSpec] = {}
+        info: dict[str, dict[str, dict[str, str]]] = {}
+        for device_id in ids:
+            t = self.devices.get(device_id)
+            if t is None:
+                raise AllocationError(f"device {device_id} is no longer in the pool")
+            info[device_id] = self._device(t, specs)
+        if self.resource.conf.device_type == "netDevice":
+            for device_id in ids:
+                self._write_device_info(self.devices[device_id])
+        env = self.resource.env_name
+        return pb.ContainerAllocateResponse(
+            envs={env: ",".join(ids), f"{env}_INFO": json.dumps(info, sort_keys=True)},
+            devices=list(specs.values()),
+        )
+
+    def _device(self, t: Taken, specs: dict[str, pb.DeviceSpec]) -> dict[str, dict[str, str]]:
+        """Add the device's specs; returns its entry of the _INFO variable."""
+        c = t.candidate
+
+        def add(host_path: str, container_path: str | None = None) -> None:
+            specs.setdefault(host_path, pb.DeviceSpec(
+                host_path=host_path, container_path=container_path or host_path,
+                permissions="rw"))
+
+        info: dict[str, dict[str, str]] = {"generic": {"deviceID": c.id}}
+        if c.driver == "vfio-pci" and c.pci is not None and c.pci.iommu_group is not None:
+            group = c.pci.iommu_group
+            noiommu = self.host.read(f"/sys/kernel/iommu_groups/{group}/name") == "vfio-noiommu"
+            add("/dev/vfio/vfio")
+            add(f"/dev/vfio/noiommu-{group}" if noiommu else f"/dev/vfio/{group}",
+                f"/dev/vfio/{group}")
+            info["vfio"] = {"mount": "/dev/vfio/vfio", "dev-mount": f"/dev/vfio/{group}"}
+        elif c.driver in ("uio_pci_generic", "igb_uio") and c.pci is not None:
+            for entry in self.host.listdir(f"/sys/bus/pci/devices/{c.id}/uio"):
+                add(f"/dev/{entry}")
+                info["uio"] = {"mount": f"/dev/{entry}"}
+        if t.rdma:
+            rdma: dict[str, str] = {}
+            for dev in c.rdma:
+                rdma["rdma_dev"] = dev.name
+                for path in dev.char_devices:
+                    add(path)
+                    rdma[path.rsplit("/", 1)[1].rstrip("0123456789")] = path
+            if self.rdma_cm:
+                add(self.rdma_cm)
+                rdma["rdma_cm"] = self.rdma_cm
+            info["rdma"] = rdma
+        if t.vhost:
+            for path in VHOST_DEVICES:
+                add(path)
+            info["vhost"] = {"net-mount": VHOST_DEVICES[0], "tun-mount": VHOST_DEVICES[1]}
+        extra = self.resource.conf.additional_info
+        merged = {**extra.get("*", {}), **extra.get(c.id, {})}
+        if merged:
+            info["extra"] = merged
+        return info
+
+    def device_info_path(self, device_id: str) -> str:
+        name = self.resource.name.replace("/", "-")
+        return f"{DEVICE_INFO_DIR}/{name}-{device_id.replace('/', '-')}-device.json"
+
+    def _write_device_info(self, t: Taken) -> None:
+        """The device-info spec file the CNI reads; replaced on every Allocate."""
+        pci: dict[str, str] = {"pci-address": t.candidate.id}
+        if t.rdma and t.candidate.rdma:
+            pci["rdma-device"] = ",".join(r.name for r in t.candidate.rdma)
+        path = self.host.path(self.device_info_path(t.candidate.id))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.unlink(missing_ok=True)
+            path.write_text(json.dumps(
+                {"type": "pci", "version": DEVICE_INFO_VERSION, "pci": pci}))
+            path.chmod(0o444)
+        except OSError as e:
+            raise AllocationError(f"cannot write device info file {path}: {e.strerror}") from e
+
+    def remove_device_info(self) -> None:
+        for device_id in self.devices:
+            self.host.path(self.device_info_path(device_id)).unlink(missing_ok=True)
+
+
+def _healthy(t: Taken) -> bool:
+    link = t.candidate.link or t.candidate.netdev
+    if link is not None and not link.up:
+        return False
+    return not (t.rdma and not any(r.usable for r in t.candidate.rdma))
+
+
+# ----------------------------------------------------------------------------- the agent
+
+class SriovAgent:
+    """The agent process: rescans the host and rereads the config every poll interval."""
+
+    def __init__(
+        self, config_path: Path, host: Host, socket_dir: Path, *,
+        default_prefix: str = DEFAULT_PREFIX, poll_interval: float = 0.5,
+    ) -> None:
+        self.config_path = config_path
+        self.host = host
+        self.socket_dir = socket_dir
+        self.default_prefix = default_prefix
+        self.poll_interval = poll_interval
+        self.servers = ServerSet()
+        self.pools: list[Pool] = []
+        self._config_text: str | None = None
+        self.load()
+
+    def load(self) -> bool:
+        """(Re)read the config file if it changed. Raises ConfigError on the first load only."""
+        try:
+            text = self.config_path.read_text()
+        except OSError as e:
+            if self._config_text is None:
+                raise ConfigError(f"cannot read config file {self.config_path}: "
+                                  f"{e.strerror}") from None
+            return False
+        if text == self._config_text:
+            return False
+        first = self._config_text is None
+        self._config_text = text
+        try:
+            resources = load_config(self.config_path, self.default_prefix)
+        except ConfigError as e:
+            if first:
+                raise
+            log.error("config changed but is invalid, keeping the running one: %s", e)
+            return False
+        if not first:
+            log.info("config %s changed: resources %s", self.config_path,
+                     ", ".join(r.name for r in resources))
+        old = {p.resource.name: p for p in self.pools}
+        self.pools = [Pool(r, self.host) for r in resources]
+        for pool in self.pools:
+            if pool.resource.name in old:
+                pool.devices = old[pool.resource.name].devices
+        return True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            await run_agent(self.servers, self.tick, self.poll_interval, stop)
+        finally:
+            for pool in self.pools:
+                pool.remove_device_info()
+
+    async def tick(self) -> None:
+        self.load()
+        inv = scan(self.host)
+        found: dict[str, list[Candidate]] = {t: candidates(inv, t) for t in DEVICE_TYPES}
+        taken: set[str] = set()
+        wanted = set()
+        for pool in self.pools:
+            devices = pool.select(inv, found[pool.resource.conf.device_type], taken)
+            name = pool.resource.name
+            wanted.add(name)
+            server = self.servers.servers.get(name)
+            if server is not None and server.socket_name != pool.resource.socket_name:
+                await self.servers.stop(name)
+                server = None
+            if server is None and devices:  # upstream creates no server for an empty pool
+                server = self._server(pool)
+                self.servers.start(server)
+            if server is not None:
+                server.allocate = pool.allocate  # the pool is new after a config reload
+                server.update(devices)
+        for name in set(self.servers.servers) - wanted:
+            log.info("%s: no longer configured; stopping its plugin", name)
+            await self.servers.stop(name)
+
+    def _server(self, pool: Pool) -> DevicePluginServer:
+        return DevicePluginServer(
+            pool.resource.name, self.socket_dir, pool.resource.socket_name, pool.allocate,
+            poll_interval=self.poll_interval,
+        )
+

@@ -1,0 +1,433 @@
+"""Rolling OFED driver upgrades, node by node, with the state kept on the nodes themselves.
+
+Each node carries `nvidia.com/ofed-driver-upgrade-state` and moves
+upgrade-required → cordon-required → wait-for-jobs-required → drain-required →
+pod-restart-required → uncordon-required → upgrade-done (or upgrade-failed). Every reconcile
+reads the cluster and moves each node at most one step, so a restarted operator resumes where
+the labels say it was. New nodes start only while both `maxParallelUpgrades` and nicop's
+`maxUnavailable` (which counts nodes already unavailable for other reasons) leave room.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nicop import logs
+from nicop.kube.client import ApiClient, ApiError
+from nicop.kube.events import EventRecorder
+from nicop.kube.manager import Controller, Manager, Result
+from nicop.kube.resources import CONTROLLER_REVISION, NODE, POD, Obj
+from nicop.operator.policy import NCP, POLICY_NAME
+from nicop.operator.states.ofed import DRIVER_LABEL
+
+log = logging.getLogger(__name__)
+
+STATE_LABEL = "nvidia.com/ofed-driver-upgrade-state"
+SKIP_LABEL = "nvidia.com/ofed-driver-upgrade.skip"
+DRAIN_SKIP_LABEL = "nvidia.com/ofed-driver-upgrade-drain.skip"
+SAFE_LOAD_ANNOTATION = "nvidia.com/ofed-driver-upgrade.driver-wait-for-safe-load"
+INITIAL_UNSCHEDULABLE_ANNOTATION = "nvidia.com/ofed-driver-upgrade.node-initial-state.unschedulable"
+WAIT_START_ANNOTATION = "nvidia.com/ofed-driver-upgrade-wait-for-pod-completion-start-time"
+REQUESTED_ANNOTATION = "nvidia.com/ofed-driver-upgrade-requested"
+LEGACY_STATE_ANNOTATION = "nvidia.com/ofed-upgrade-state"
+# nicop's additions: when a drain started (its timeout survives a restart) and why a node failed.
+DRAIN_START_ANNOTATION = "nicop.io/ofed-driver-upgrade-drain-start-time"
+FAILURE_ANNOTATION = "nicop.io/ofed-driver-upgrade-failure"
+
+REQUIRED = "upgrade-required"
+CORDON = "cordon-required"
+WAIT_FOR_JOBS = "wait-for-jobs-required"
+DRAIN = "drain-required"
+POD_RESTART = "pod-restart-required"
+FAILED = "upgrade-failed"
+UNCORDON = "uncordon-required"
+DONE = "upgrade-done"
+# Between cordon and uncordon: these count against maxParallelUpgrades.
+IN_PROGRESS = (CORDON, WAIT_FOR_JOBS, DRAIN, POD_RESTART, UNCORDON)
+MAX_DRIVER_RESTARTS = 10
+ACTIVE_RECHECK = 1.0
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _stamp(t: datetime.datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _elapsed(stamp: str | None) -> float:
+    if not stamp:
+        return 0.0
+    started = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    return (_now() - started).total_seconds()
+
+
+def max_unavailable(value: Any, total: int) -> int:
+    """`maxUnavailable` as a node count: an int, or a percentage of the nodes rounded up."""
+    if value is None or value == "":
+        return total
+    if isinstance(value, str) and value.endswith("%"):
+        return math.ceil(total * float(value[:-1]) / 100)
+    return int(value)
+
+
+def selector_matches(selector: str, labels: dict[str, str]) -> bool:
+    """A label selector string (equality, !=, exists, !exists) against labels."""
+    for term in (t.strip() for t in selector.split(",") if t.strip()):
+        if "!=" in term:
+            key, value = (s.strip() for s in term.split("!=", 1))
+            if labels.get(key) == value:
+                return False
+        elif "==" in term or "=" in term:
+            key, value = (s.strip() for s in term.replace("==", "=").split("=", 1))
+            if labels.get(key) != value:
+                return False
+        elif term.startswith("!"):
+            if term[1:].strip() in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+@dataclass
+class NodeView:
+    """What one reconcile knows about a node that runs a driver pod."""
+
+    node: Obj
+    pod: Obj | None  # None while the driver pod is being replaced
+    in_sync: bool
+
+    @property
+    def name(self) -> str:
+        return str(self.node["metadata"]["name"])
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self.node["metadata"].get("labels") or {}
+
+    @property
+    def annotations(self) -> dict[str, str]:
+        return self.node["metadata"].get("annotations") or {}
+
+    @property
+    def state(self) -> str:
+        return self.labels.get(STATE_LABEL, "")
+
+    @property
+    def unschedulable(self) -> bool:
+        return bool((self.node.get("spec") or {}).get("unschedulable"))
+
+    @property
+    def ready(self) -> bool:
+        conditions = (self.node.get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+@dataclass
+class Plan:
+    """The policy's upgradePolicy with defaults applied."""
+
+    spec: Obj
+    drain: Obj = field(init=False)
+    wait: Obj = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.drain = self.spec.get("drain") or {}
+        self.wait = self.spec.get("waitForCompletion") or {}
+
+    @property
+    def max_parallel(self) -> int:
+        return int(self.spec.get("maxParallelUpgrades", 1))
+
+
+class UpgradeController:
+    KEY = "ofed-driver-upgrade"
+
+    def __init__(self, manager: Manager, namespace: str, recorder: EventRecorder) -> None:
+        self.client: ApiClient = manager.client
+        self.recorder = recorder
+        self.policies = manager.informer(NCP)
+        self.nodes = manager.informer(NODE)
+        self.driver_pods = manager.informer(POD, namespace, label_selector=DRIVER_LABEL)
+        self.revisions = manager.informer(CONTROLLER_REVISION, namespace,
+                                          label_selector=DRIVER_LABEL)
+        self.pods = manager.informer(POD)
+        self.pods.store.add_index("node", lambda p: [(p.get("spec") or {}).get("nodeName", "")])
+        self.controller = manager.add(Controller("ofed-upgrade", self.reconcile))
+        for informer in (self.policies, self.driver_pods, self.revisions):
+            informer.on_change(lambda ev, obj, old: self.controller.queue.add(self.KEY))
+        self.nodes.on_change(self._node_changed)
+        self.pods.on_change(self._pod_changed)
+
+    def _node_changed(self, event: str, node: Obj, old: Obj | None) -> None:
+        if old is None or any(
+            node["metadata"].get(k) != old["metadata"].get(k) for k in ("labels", "annotations")
+        ) or node.get("spec") != old.get("spec"):
+            self.controller.queue.add(self.KEY)
+
+    def _pod_changed(self, event: str, pod: Obj, old: Obj | None) -> None:
+        """Workload pods matter only on nodes that are waiting for jobs or draining."""
+        node = self.nodes.store.get((pod.get("spec") or {}).get("nodeName") or "")
+        if node and (node["metadata"].get("labels") or {}).get(STATE_LABEL) in (
+            WAIT_FOR_JOBS, DRAIN
+        ):
+            self.controller.queue.add(self.KEY)
+
+    # ------------------------------------------------------------------ reconcile
+    async def reconcile(self, key: str) -> Result | None:
+        policy = self.policies.store.get(POLICY_NAME)
+        upgrade = ((policy or {}).get("spec", {}).get("ofedDriver") or {}).get("upgradePolicy")
+        if not upgrade or not upgrade.get("autoUpgrade"):
+            await self._clean_up()
+            return None
+        plan = Plan(upgrade)
+        views = self._views()
+        moved = False
+        for view in views:
+            if LEGACY_STATE_ANNOTATION in view.annotations:
+                await self._patch(view, annotations={LEGACY_STATE_ANNOTATION: None})
+            if SKIP_LABEL in view.labels and view.labels[SKIP_LABEL] == "true":
+                continue
+            moved |= await self._step(view, plan)
+        moved |= await self._start_new(self._views(), plan)
+        active = any(v.state not in ("", DONE) for v in self._views())
+        return Result(requeue_after=ACTIVE_RECHECK) if active or moved else None
+
+    def _views(self) -> list[NodeView]:
+        current: dict[str, str] = {}  # DaemonSet uid -> hash of its newest revision
+        newest: dict[str, int] = {}
+        for rev in self.revisions.store.items():
+            for ref in rev["metadata"].get("ownerReferences") or []:
+                if rev.get("revision", 0) >= newest.get(ref["uid"], -1):
+                    newest[ref["uid"]] = rev.get("revision", 0)
+                    current[ref["uid"]] = (rev["metadata"].get("labels") or {}).get(
+                        "controller-revision-hash", "")
+        pods = {(p.get("spec") or {}).get("nodeName"): p for p in self.driver_pods.store.items()}
+        views = []
+        for node in sorted(self.nodes.store.items(), key=lambda n: n["metadata"]["name"]):
+            pod = pods.get(node["metadata"]["name"])
+            # A node mid-upgrade counts even while its driver pod is being replaced.
+            if pod is None and STATE_LABEL not in (node["metadata"].get("labels") or {}):
+                continue
+            in_sync = False
+            if pod is not None:
+                owner = next((r["uid"] for r in pod["metadata"].get("ownerReferences") or []
+                              if r.get("kind") == "DaemonSet"), None)
+                pod_hash = (pod["metadata"].get("labels") or {}).get("controller-revision-hash")
+                in_sync = owner is not None and pod_hash == current.get(owner)
+            views.append(NodeView(node, pod, in_sync))
+        return views
+
+    async def _step(self, view: NodeView, plan: Plan) -> bool:
+        """Move one node at most one state; True when it moved."""
+        state = view.state
+        if view.pod is None and state in ("", DONE, REQUIRED, POD_RESTART, FAILED):
+            return False  # nothing to compare or restart until the DaemonSet makes a pod
+        safe_load = view.annotations.get(SAFE_LOAD_ANNOTATION) == "true"
+        wants_upgrade = (not view.in_sync or safe_load
+                         or view.annotations.get(REQUESTED_ANNOTATION) == "true")
+        if state in ("", DONE):
+            if wants_upgrade:
+                initial = {INITIAL_UNSCHEDULABLE_ANNOTATION: "true"} if view.unschedulable else {}
+                return await self._set(view, REQUIRED, annotations=initial)
+            return await self._set(view, DONE) if state == "" else False
+        if state == REQUIRED:
+            return await self._set(view, DONE) if not wants_upgrade else False
+        if state == CORDON:
+            await self._patch(view, spec={"unschedulable": True})
+            return await self._set(view, WAIT_FOR_JOBS)
+        if state == WAIT_FOR_JOBS:
+            return await self._wait_for_jobs(view, plan)
+        if state == DRAIN:
+            return await self._drain(view, plan)
+        if state == POD_RESTART:
+            return await self._restart_driver(view)
+        if state == FAILED:
+            if view.in_sync and view.pod and _pod_ready(view.pod):
+                return await self._set(view, UNCORDON, annotations={FAILURE_ANNOTATION: None})
+            return False
+        if state == UNCORDON:
+            if view.annotations.get(INITIAL_UNSCHEDULABLE_ANNOTATION) != "true":
+                await self._patch(view, spec={"unschedulable": False})
+            return await self._set(view, DONE, annotations={
+                INITIAL_UNSCHEDULABLE_ANNOTATION: None, REQUESTED_ANNOTATION: None})
+        return False
+
+    async def _start_new(self, views: list[NodeView], plan: Plan) -> bool:
+        """Let waiting nodes begin while maxParallelUpgrades and maxUnavailable allow."""
+        waiting = [v for v in views if v.state == REQUIRED and v.labels.get(SKIP_LABEL) != "true"]
+        if not waiting:
+            return False
+        in_progress = sum(v.state in IN_PROGRESS for v in views)
+        parallel = plan.max_parallel
+        slots = len(waiting) if parallel == 0 else parallel - in_progress
+        unavailable = sum(v.unschedulable or not v.ready or v.state in (*IN_PROGRESS, FAILED)
+                          for v in views)
+        limit = max_unavailable(plan.spec.get("maxUnavailable"), len(views))
+        slots = min(slots, limit - unavailable)
+        moved = False
+        for view in waiting:
+            # A node that was cordoned already costs no extra availability: it may go.
+            if view.unschedulable and view.ready and parallel == 0:
+                moved |= await self._set(view, CORDON)
+            elif slots > 0:
+                slots -= 1
+                moved |= await self._set(view, CORDON)
+        return moved
+
+    async def _wait_for_jobs(self, view: NodeView, plan: Plan) -> bool:
+        selector = plan.wait.get("podSelector")
+        timeout = int(plan.wait.get("timeoutSeconds") or 0)
+        if selector:
+            running = [p for p in self.pods.store.by_index("node", view.name)
+                       if selector_matches(selector, p["metadata"].get("labels") or {})
+                       and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+            started = view.annotations.get(WAIT_START_ANNOTATION)
+            if running and not (timeout and _elapsed(started) >= timeout):
+                if not started:
+                    await self._patch(view, annotations={WAIT_START_ANNOTATION: _stamp(_now())})
+                    return True
+                return False
+        return await self._set(view, DRAIN, annotations={WAIT_START_ANNOTATION: None})
+
+    async def _drain(self, view: NodeView, plan: Plan) -> bool:
+        if not plan.drain.get("enable", True):
+            return await self._set(view, POD_RESTART)
+        started = view.annotations.get(DRAIN_START_ANNOTATION)
+        if not started:
+            await self._patch(view, annotations={DRAIN_START_ANNOTATION: _stamp(_now())})
+        selector = plan.drain.get("podSelector") or ""
+        blocked: list[str] = []
+        remaining = []
+        for pod in self.pods.store.by_index("node", view.name):
+            if not _evictable(pod, selector):
+                continue
+            name = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+            remaining.append(name)
+            if pod["metadata"].get("deletionTimestamp"):
+                continue
+            refusal = _refusal(pod, plan.drain)
+            if refusal:
+                return await self._fail(view, f"cannot drain: pod {name} {refusal}")
+            try:
+                await self.client.evict(pod["metadata"]["name"], pod["metadata"]["namespace"])
+            except ApiError as e:
+                if e.code == 429:
+                    blocked.append(f"{name} (blocked by a PodDisruptionBudget)")
+                elif e.code != 404:
+                    raise
+        if not remaining:
+            return await self._set(view, POD_RESTART, annotations={DRAIN_START_ANNOTATION: None})
+        timeout = int(plan.drain.get("timeoutSeconds", 300) or 0)
+        if timeout and _elapsed(started) >= timeout:
+            still = blocked or remaining
+            return await self._fail(view, f"drain timed out after {timeout}s; still on the node: "
+                                    + ", ".join(still))
+        return not started
+
+    async def _restart_driver(self, view: NodeView) -> bool:
+        pod = view.pod
+        assert pod is not None
+        if not view.in_sync:
+            if not pod["metadata"].get("deletionTimestamp"):
+                await self.client.delete(POD, pod["metadata"]["name"],
+                                         pod["metadata"]["namespace"])
+                return True
+            return False
+        if view.annotations.get(SAFE_LOAD_ANNOTATION):
+            await self._patch(view, annotations={SAFE_LOAD_ANNOTATION: None})
+            return True
+        if _pod_ready(pod):
+            return await self._set(view, UNCORDON)
+        restarts = max((c.get("restartCount", 0)
+                        for c in (pod.get("status") or {}).get("containerStatuses") or []),
+                       default=0)
+        if restarts > MAX_DRIVER_RESTARTS:
+            return await self._fail(view, f"driver pod {pod['metadata']['name']} restarted "
+                                    f"{restarts} times without becoming ready")
+        return False
+
+    async def _fail(self, view: NodeView, reason: str) -> bool:
+        await self.recorder.emit(view.node, "Warning", "DriverUpgradeFailed", reason)
+        log.warning("upgrade failed: %s", reason, extra=logs.about("Node", view.name))
+        return await self._set(view, FAILED, annotations={FAILURE_ANNOTATION: reason,
+                                                          DRAIN_START_ANNOTATION: None})
+
+    async def _set(self, view: NodeView, state: str,
+                   annotations: Mapping[str, str | None] | None = None) -> bool:
+        log.info("%s -> %s", view.state or "unknown", state, extra=logs.about("Node", view.name))
+        await self._patch(view, labels={STATE_LABEL: state}, annotations=annotations or {})
+        return True
+
+    async def _patch(self, view: NodeView, *, labels: Mapping[str, str | None] | None = None,
+                     annotations: Mapping[str, str | None] | None = None,
+                     spec: Obj | None = None) -> None:
+        meta: Obj = {}
+        if labels:
+            meta["labels"] = dict(labels)
+        if annotations:
+            meta["annotations"] = dict(annotations)
+        body: Obj = {"metadata": meta}
+        if spec:
+            body["spec"] = spec
+        updated = await self.client.patch(NODE, view.name, body)
+        self.nodes.assume(updated)
+        view.node = updated
+
+    async def _clean_up(self) -> None:
+        """Upgrades off: drop the state labels, and uncordon what nicop cordoned."""
+        for node in self.nodes.store.items():
+            labels = node["metadata"].get("labels") or {}
+            if STATE_LABEL not in labels:
+                continue
+            annotations = node["metadata"].get("annotations") or {}
+            view = NodeView(node, None, True)
+            spec = None
+            if (labels[STATE_LABEL] in (*IN_PROGRESS, FAILED)
+                    and annotations.get(INITIAL_UNSCHEDULABLE_ANNOTATION) != "true"):
+                spec = {"unschedulable": False}
+            await self._patch(view, labels={STATE_LABEL: None}, spec=spec, annotations={
+                k: None for k in (INITIAL_UNSCHEDULABLE_ANNOTATION, WAIT_START_ANNOTATION,
+                                  DRAIN_START_ANNOTATION, FAILURE_ANNOTATION)
+                if k in annotations})
+
+
+def _pod_ready(pod: Obj) -> bool:
+    if pod["metadata"].get("deletionTimestamp"):
+        return False
+    status = pod.get("status") or {}
+    statuses = status.get("containerStatuses") or []
+    return status.get("phase") == "Running" and bool(statuses) and all(
+        c.get("ready") for c in statuses)
+
+
+def _evictable(pod: Obj, selector: str) -> bool:
+    """Pods a drain removes: not DaemonSet or mirror pods, not finished, not marked to stay."""
+    meta = pod["metadata"]
+    labels = meta.get("labels") or {}
+    if labels.get(DRAIN_SKIP_LABEL) == "true":
+        return False
+    if any(r.get("kind") == "DaemonSet" for r in meta.get("ownerReferences") or []):
+        return False
+    if "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
+        return False
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return False
+    return selector_matches(selector, labels)
+
+
+def _refusal(pod: Obj, drain: Obj) -> str | None:
+    """Why `kubectl drain` would refuse this pod without force/deleteEmptyDir, with the fix."""
+    if not pod["metadata"].get("ownerReferences") and not drain.get("force"):
+        return "is not managed by a controller; set ofedDriver.upgradePolicy.drain.force"
+    volumes = (pod.get("spec") or {}).get("volumes") or []
+    if any("emptyDir" in v for v in volumes) and not drain.get("deleteEmptyDir"):
+        return "uses emptyDir storage; set ofedDriver.upgradePolicy.drain.deleteEmptyDir"
+    return None

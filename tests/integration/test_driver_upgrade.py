@@ -1,0 +1,282 @@
+"""Rolling driver upgrades across 30 nodes running workloads, observed by a watch.
+
+This module runs its own control plane with 30 nodes (the shared one has 4), its own operator,
+and a thread that watches every node and remembers the worst moment of the rollout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lightkube import Client
+from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import create_global_resource
+from lightkube.models.apps_v1 import DeploymentSpec
+from lightkube.models.core_v1 import Container, PodSpec, PodTemplateSpec
+from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
+from lightkube.models.policy_v1 import PodDisruptionBudgetSpec
+from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.resources.policy_v1 import PodDisruptionBudget
+from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
+
+from nicop.api.install import install_crds
+from nicop.sim.cluster import LocalCluster, running_cluster
+
+NODES = 30
+STATE = "nvidia.com/ofed-driver-upgrade-state"
+NicClusterPolicy = create_global_resource(
+    "mellanox.com", "v1alpha1", "NicClusterPolicy", "nicclusterpolicies"
+)
+POLICY: dict[str, Any] = {
+    "apiVersion": "mellanox.com/v1alpha1", "kind": "NicClusterPolicy",
+    "metadata": {"name": "nic-cluster-policy"},
+    "spec": {"ofedDriver": {
+        "image": "doca-driver", "repository": "nvcr.io/nvidia/mellanox",
+        "version": "doca3.5.0-26.07-0.7.0.0-0",
+        "upgradePolicy": {
+            "autoUpgrade": True, "maxParallelUpgrades": 3, "maxUnavailable": "20%",
+            "drain": {"enable": True, "timeoutSeconds": 15, "deleteEmptyDir": True},
+        },
+    }},
+}
+NEW_VERSION = "doca3.5.0-26.07-1.0.0.0-0"
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory, controlplane_bin: Path) -> Iterator[LocalCluster]:
+    with running_cluster(tmp_path_factory.mktemp("upgrade-cluster"), controlplane_bin,
+                         nodes=NODES, profiles=["cx6dx", "dgx", "bf3"]) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def bclient(big: LocalCluster) -> Client:
+    client: Client = big.client()
+    install_crds(client)
+    client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
+    client.create(Namespace(metadata=ObjectMeta(name="work")))
+    wait_for(lambda: _has_default_sa(client), 30, "default service account")
+    return client
+
+
+def _has_default_sa(client: Client) -> bool:
+    from lightkube.resources.core_v1 import ServiceAccount
+
+    try:
+        client.get(ServiceAccount, "default", namespace="work")
+    except ApiError:
+        return False
+    return True
+
+
+@pytest.fixture
+def op(big: LocalCluster, bclient: Client, tmp_path: Path) -> Iterator[OperatorProcess]:
+    proc = OperatorProcess(big.kubeconfig, NAMESPACE, tmp_path / "operator.log")
+    proc.wait_ready()
+    yield proc
+    proc.stop()
+    with contextlib.suppress(ApiError):
+        bclient.delete(NicClusterPolicy, "nic-cluster-policy")
+    for d in bclient.list(Deployment, namespace="work"):
+        bclient.delete(Deployment, d.metadata.name, namespace="work")
+    for p in bclient.list(PodDisruptionBudget, namespace="work"):
+        bclient.delete(PodDisruptionBudget, p.metadata.name, namespace="work")
+    wait_for(lambda: not list(bclient.list(Pod, namespace=NAMESPACE)), 60, "driver pods gone")
+    for node in bclient.list(Node):
+        if node.spec.unschedulable or STATE in (node.metadata.labels or {}):
+            bclient.patch(Node, node.metadata.name, {"spec": {"unschedulable": None},
+                                                     "metadata": {"labels": {STATE: None}}})
+
+
+class Observer:
+    """Watches every node; records the most nodes cordoned and unavailable at any moment."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.nodes: dict[str, Any] = {}
+        self.max_cordoned = 0
+        self.driver_pods: dict[str, set[str]] = {}
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._watch_nodes, daemon=True),
+                         threading.Thread(target=self._watch_pods, daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    def _watch_nodes(self) -> None:
+        for _, node in self.client.watch(Node):
+            self.nodes[node.metadata.name] = node
+            cordoned = sum(bool(n.spec.unschedulable) for n in self.nodes.values())
+            self.max_cordoned = max(self.max_cordoned, cordoned)
+            if self._stop.is_set():
+                return
+
+    def _watch_pods(self) -> None:
+        for _, pod in self.client.watch(Pod, namespace=NAMESPACE):
+            if pod.spec.nodeName:
+                self.driver_pods.setdefault(pod.spec.nodeName, set()).add(pod.metadata.uid)
+            if self._stop.is_set():
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def workloads(client: Client, pdb_blocks_one_node: bool = False) -> None:
+    labels = {"app": "train"}
+    client.create(Deployment(
+        metadata=ObjectMeta(name="train", namespace="work"),
+        spec=DeploymentSpec(
+            replicas=40, selector=LabelSelector(matchLabels=labels),
+            template=PodTemplateSpec(metadata=ObjectMeta(labels=labels), spec=PodSpec(
+                containers=[Container(name="c", image="registry.local/train:1")])))))
+    client.create(PodDisruptionBudget(
+        metadata=ObjectMeta(name="train", namespace="work"),
+        spec=PodDisruptionBudgetSpec(maxUnavailable=2, selector=LabelSelector(matchLabels=labels))))
+    if pdb_blocks_one_node:
+        stuck = {"app": "stuck"}
+        client.create(Deployment(
+            metadata=ObjectMeta(name="stuck", namespace="work"),
+            spec=DeploymentSpec(
+                replicas=1, selector=LabelSelector(matchLabels=stuck),
+                template=PodTemplateSpec(metadata=ObjectMeta(labels=stuck), spec=PodSpec(
+                    nodeSelector={"kubernetes.io/hostname": "node-7"},
+                    containers=[Container(name="c", image="registry.local/db:1")])))))
+        client.create(PodDisruptionBudget(
+            metadata=ObjectMeta(name="stuck", namespace="work"),
+            spec=PodDisruptionBudgetSpec(minAvailable=1,
+                                         selector=LabelSelector(matchLabels=stuck))))
+    wait_for(lambda: all(p.status.phase == "Running" for p in client.list(Pod, namespace="work"))
+             and len(list(client.list(Pod, namespace="work"))) == 40 + pdb_blocks_one_node,
+             60, "workloads running")
+
+
+def states(client: Client) -> dict[str, str | None]:
+    return {n.metadata.name: (n.metadata.labels or {}).get(STATE) for n in client.list(Node)}
+
+
+def start(client: Client, policy: dict[str, Any]) -> None:
+    client.apply(NicClusterPolicy(**policy), field_manager="test", force=True)
+    wait_for(lambda: set(states(client).values()) == {"upgrade-done"}, 120,
+             "every node upgrade-done before the bump")
+
+
+def bump(client: Client, policy: dict[str, Any]) -> dict[str, Any]:
+    bumped = copy.deepcopy(policy)
+    bumped["spec"]["ofedDriver"]["version"] = NEW_VERSION
+    client.apply(NicClusterPolicy(**bumped), field_manager="test", force=True)
+    return bumped
+
+
+def rolled_out(client: Client) -> bool:
+    pods = list(client.list(Pod, namespace=NAMESPACE))
+    return (len(pods) == NODES
+            and all(NEW_VERSION in p.spec.containers[0].image for p in pods)
+            and set(states(client).values()) == {"upgrade-done"}
+            and not any(n.spec.unschedulable for n in client.list(Node)))
+
+
+def test_rollout_respects_limits_and_finishes(bclient: Client, op: OperatorProcess) -> None:
+    workloads(bclient)
+    start(bclient, POLICY)
+    observer = Observer(bclient)
+    bump(bclient, POLICY)
+    wait_for(lambda: rolled_out(bclient), 300, "the rollout to finish")
+    observer.stop()
+    assert 1 <= observer.max_cordoned <= 3, "maxParallelUpgrades 3 (and 20% of 30 = 6)"
+    assert all(len(uids) == 2 for uids in observer.driver_pods.values()), \
+        "each node's driver pod is replaced exactly once"
+    status = bclient.get(NicClusterPolicy, "nic-cluster-policy")["status"]
+    assert status["driverUpgrade"]["done"] == NODES
+
+
+def test_a_pdb_that_forbids_eviction_fails_only_its_node(
+    bclient: Client, op: OperatorProcess
+) -> None:
+    workloads(bclient, pdb_blocks_one_node=True)
+    start(bclient, POLICY)
+    bump(bclient, POLICY)
+
+    def settled() -> bool:
+        s = states(bclient)
+        return s["node-7"] == "upgrade-failed" and all(
+            v == "upgrade-done" for k, v in s.items() if k != "node-7")
+
+    wait_for(settled, 300, "node-7 to fail and the rest to finish")
+    status = wait_for(lambda: (bclient.get(NicClusterPolicy, "nic-cluster-policy")["status"]
+                               .get("driverUpgrade") or {}).get("failed") == 1 and
+                      bclient.get(NicClusterPolicy, "nic-cluster-policy")["status"], 30, "status")
+    failure = status["driverUpgrade"]["failedNodes"][0]
+    assert failure["name"] == "node-7"
+    assert "work/stuck-" in failure["reason"] and "PodDisruptionBudget" in failure["reason"]
+
+
+def test_operator_restart_mid_rollout_resumes_without_repeating(
+    bclient: Client, op: OperatorProcess
+) -> None:
+    workloads(bclient)
+    start(bclient, POLICY)
+    observer = Observer(bclient)
+    bump(bclient, POLICY)
+    in_progress = ("cordon-required", "wait-for-jobs-required", "drain-required",
+                   "pod-restart-required", "uncordon-required")
+
+    def under_way() -> bool:
+        values = list(states(bclient).values())
+        return values.count("upgrade-required") >= 10 and any(v in in_progress for v in values)
+
+    wait_for(under_way, 120, "the rollout to be under way")
+    op.stop()  # SIGTERM in the middle of the rollout
+    time.sleep(2)
+    op.restart()
+    wait_for(lambda: rolled_out(bclient), 300, "the rollout to finish after the restart")
+    observer.stop()
+    assert all(len(uids) == 2 for uids in observer.driver_pods.values()), \
+        "no node is upgraded twice"
+
+
+def test_turning_auto_upgrade_off_stops_and_cleans_up(
+    bclient: Client, op: OperatorProcess
+) -> None:
+    workloads(bclient)
+    start(bclient, POLICY)
+    bumped = bump(bclient, POLICY)
+    wait_for(lambda: any(v in ("cordon-required", "wait-for-jobs-required", "drain-required",
+                               "pod-restart-required") for v in states(bclient).values()),
+             60, "a node in progress")
+    bumped["spec"]["ofedDriver"]["upgradePolicy"]["autoUpgrade"] = False
+    bclient.apply(NicClusterPolicy(**bumped), field_manager="test", force=True)
+    wait_for(lambda: set(states(bclient).values()) == {None}, 60, "upgrade labels removed")
+    time.sleep(3)
+    assert set(states(bclient).values()) == {None}, "no node starts after autoUpgrade is off"
+    assert not any(n.spec.unschedulable for n in bclient.list(Node)), "nothing left cordoned"
+
+
+def test_max_unavailable_counts_nodes_already_down_and_keeps_them_cordoned(
+    bclient: Client, op: OperatorProcess
+) -> None:
+    policy = copy.deepcopy(POLICY)
+    policy["spec"]["ofedDriver"]["upgradePolicy"].update(maxParallelUpgrades=0, maxUnavailable=4)
+    workloads(bclient)
+    start(bclient, policy)
+    bclient.patch(Node, "node-5", {"spec": {"unschedulable": True}})  # an admin's maintenance
+    observer = Observer(bclient)
+    bump(bclient, policy)
+
+    def finished() -> bool:
+        pods = list(bclient.list(Pod, namespace=NAMESPACE))
+        return (len(pods) == NODES and all(NEW_VERSION in p.spec.containers[0].image for p in pods)
+                and set(states(bclient).values()) == {"upgrade-done"})
+
+    wait_for(finished, 300, "the rollout to finish")
+    observer.stop()
+    assert observer.max_cordoned <= 4, "node-5 plus at most 3 upgrading nodes"
+    cordoned = sorted(n.metadata.name for n in bclient.list(Node) if n.spec.unschedulable)
+    assert cordoned == ["node-5"], "a node cordoned before the upgrade stays cordoned"

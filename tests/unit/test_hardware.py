@@ -1,0 +1,201 @@
+"""The simulated NIC hardware: trees that look like a real node's, changed as the kernel does."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from nicop.sim.hardware import (
+    MELLANOX_PRESENT_LABEL,
+    PROFILES,
+    SimulatedHost,
+    layout,
+)
+
+PCI = "/sys/bus/pci/devices"
+
+
+@pytest.fixture
+def cx6dx(tmp_path: Path) -> SimulatedHost:
+    return SimulatedHost.build(tmp_path / "node", "cx6dx")
+
+
+def test_profiles_keep_their_labels() -> None:
+    assert PROFILES["dgx"].node_labels()[MELLANOX_PRESENT_LABEL] == "true"
+    assert MELLANOX_PRESENT_LABEL not in PROFILES["cx6dx-unlabelled"].node_labels()
+    assert MELLANOX_PRESENT_LABEL not in PROFILES["cpu"].node_labels()
+    assert [p.name for p in layout(5)] == ["dgx", "cx6dx", "cx6dx", "cx6dx-unlabelled", "dgx"]
+
+
+@pytest.mark.parametrize(
+    ("profile", "netdevs", "pci_class", "device"),
+    [
+        ("cx6dx", ["enp59s0f0np0", "enp59s0f1np1"], "0x020000", "0x101d"),
+        ("cx7-ib", ["ibp75s0"], "0x020700", "0x1021"),
+        ("bf3", ["enp3s0f0np0", "enp3s0f1np1"], "0x020000", "0xa2dc"),
+        ("dgx", ["ibp24s0", "ibp64s0", "ibp79s0", "ibp94s0", "ibp154s0", "ibp192s0",
+                 "ibp206s0", "ibp220s0"], "0x020700", "0x1021"),
+    ],
+)
+def test_profile_tree_has_one_function_per_port(
+    tmp_path: Path, profile: str, netdevs: list[str], pci_class: str, device: str
+) -> None:
+    host = SimulatedHost.build(tmp_path / "node", profile)
+    pfs = host.pfs()
+    assert sorted(host.netdev(a) or "" for a in pfs) == sorted(netdevs)
+    assert [host.rdma_device(a) for a in pfs] == [f"mlx5_{i}" for i in range(len(pfs))]
+    for address in pfs:
+        dev = f"{PCI}/{address}"
+        assert host.read(f"{dev}/vendor") == "0x15b3"
+        assert host.read(f"{dev}/device") == device
+        assert host.read(f"{dev}/class") == pci_class
+        assert (host.read(f"{dev}/modalias") or "").startswith(
+            f"pci:v000015B3d0000{device[2:].upper()}sv000015B3")
+        assert host.link_name(f"{dev}/driver") == "mlx5_core"
+        assert host.read(f"{dev}/sriov_numvfs") == "0"
+        assert host.read(f"{dev}/sriov_vf_device") == "101e"
+        netdev = host.netdev(address)
+        assert host.link_name(f"/sys/class/net/{netdev}/device") == address
+        assert host.read(f"/sys/class/net/{netdev}/operstate") == "up"
+    for i in range(len(pfs)):
+        for node in (f"uverbs{i}", f"umad{i}", f"issm{i}"):
+            assert host.exists(f"/dev/infiniband/{node}")
+        assert host.read(f"/sys/class/infiniband_verbs/uverbs{i}/ibdev") == f"mlx5_{i}"
+    assert host.exists("/dev/infiniband/rdma_cm")
+
+
+def test_dgx_spreads_its_nics_over_two_numa_nodes(tmp_path: Path) -> None:
+    host = SimulatedHost.build(tmp_path / "node", "dgx")
+    numa = [host.read(f"{PCI}/{a}/numa_node") for a in host.pfs()]
+    assert numa.count("0") == 4 and numa.count("1") == 4
+    assert host.read("/sys/class/infiniband/mlx5_0/ports/1/link_layer") == "InfiniBand"
+    assert host.read("/sys/class/infiniband/mlx5_0/hca_type") == "MT4129"
+
+
+def test_writing_numvfs_creates_vfs_where_the_kernel_puts_them(cx6dx: SimulatedHost) -> None:
+    cx6dx.write("/sys/class/net/enp59s0f0np0/device/sriov_numvfs", "4")
+    cx6dx.set_numvfs("enp59s0f1np1", 2)
+    # PF0 has offset 2; PF1's VFs start after the room reserved for all 8 of PF0's.
+    assert cx6dx.vfs("0000:3b:00.0") == [f"0000:3b:00.{i}" for i in range(2, 6)]
+    assert cx6dx.vfs("0000:3b:00.1") == ["0000:3b:01.2", "0000:3b:01.3"]
+    vf = f"{PCI}/0000:3b:00.2"
+    assert cx6dx.link_name(f"{vf}/physfn") == "0000:3b:00.0"
+    assert cx6dx.read(f"{vf}/device") == "0x101e"
+    assert cx6dx.read(f"{vf}/class") == "0x020000"
+    assert not cx6dx.exists(f"{vf}/sriov_totalvfs")  # SR-IOV attributes exist on PFs only
+    assert cx6dx.netdev("0000:3b:00.2") == "enp59s0f0v0"
+    assert cx6dx.netdev("0000:3b:01.3") == "enp59s0f1v1"
+    assert cx6dx.rdma_device("0000:3b:00.2") == "mlx5_2"
+    assert cx6dx.read("/sys/class/infiniband/mlx5_2/hca_type") == "MT4126"
+    assert cx6dx.read(f"{PCI}/0000:3b:00.0/sriov_numvfs") == "4"
+
+
+def test_numvfs_follows_the_kernel_rules(cx6dx: SimulatedHost) -> None:
+    pf = "enp59s0f0np0"
+    cx6dx.set_numvfs(pf, 4)
+    with pytest.raises(OSError) as busy:
+        cx6dx.set_numvfs(pf, 2)
+    assert busy.value.errno == errno.EBUSY
+    assert "Disable before enabling" in str(busy.value)
+    cx6dx.set_numvfs(pf, 4)  # the same value again is a no-op
+    with pytest.raises(OSError) as too_many:
+        cx6dx.set_numvfs(pf, 9)
+    assert too_many.value.errno == errno.ERANGE
+    with pytest.raises(OSError) as garbage:
+        cx6dx.write(f"{PCI}/0000:3b:00.0/sriov_numvfs", "many")
+    assert garbage.value.errno == errno.EINVAL
+    cx6dx.set_numvfs(pf, 0)
+    cx6dx.set_numvfs(pf, 2)
+    assert len(cx6dx.vfs(pf)) == 2
+    with pytest.raises(FileNotFoundError):
+        cx6dx.set_numvfs("0000:3b:00.2", 1)  # a VF has no sriov_numvfs
+
+
+def test_numvfs_without_driver_or_with_a_busy_driver_fails(cx6dx: SimulatedHost) -> None:
+    cx6dx.fail_numvfs_writes("enp59s0f0np0", errno.EBUSY)
+    with pytest.raises(OSError) as busy:
+        cx6dx.set_numvfs("enp59s0f0np0", 2)
+    assert busy.value.errno == errno.EBUSY
+    assert cx6dx.vfs("enp59s0f0np0") == []
+    cx6dx.fail_numvfs_writes("enp59s0f0np0", None)
+    cx6dx.set_numvfs("enp59s0f0np0", 2)
+    cx6dx.bind_driver("0000:3b:00.1", None)
+    assert cx6dx.netdev("0000:3b:00.1") is None
+    with pytest.raises(FileNotFoundError):
+        cx6dx.set_numvfs("0000:3b:00.1", 2)
+    cx6dx.bind_driver("0000:3b:00.1", "mlx5_core")
+    assert cx6dx.netdev("0000:3b:00.1") == "enp59s0f1np1"
+    assert cx6dx.read("/sys/class/infiniband/mlx5_1/node_guid") == "b83f:d203:0000:0001"
+    cx6dx.set_numvfs("0000:3b:00.1", 2)
+
+
+def test_disabling_vfs_removes_every_trace(cx6dx: SimulatedHost) -> None:
+    before = _tree(cx6dx.root)
+    cx6dx.set_numvfs("enp59s0f0np0", 3)
+    assert _tree(cx6dx.root) != before
+    cx6dx.set_numvfs("enp59s0f0np0", 0)
+    assert _tree(cx6dx.root) == before
+    cx6dx.set_numvfs("enp59s0f0np0", 1)  # freed numbers are taken again
+    assert cx6dx.rdma_device(cx6dx.vfs("enp59s0f0np0")[0]) == "mlx5_2"
+
+
+def test_link_state_flips_and_vfs_follow_their_pf(cx6dx: SimulatedHost) -> None:
+    cx6dx.set_numvfs("enp59s0f0np0", 2)
+    cx6dx.set_link("enp59s0f0np0", False)
+    assert cx6dx.read("/sys/class/net/enp59s0f0np0/operstate") == "down"
+    assert cx6dx.read("/sys/class/net/enp59s0f0np0/carrier") == "0"
+    assert cx6dx.read("/sys/class/net/enp59s0f0v1/operstate") == "down"
+    assert cx6dx.read("/sys/class/infiniband/mlx5_0/ports/1/state") == "1: DOWN"
+    assert cx6dx.read("/sys/class/net/enp59s0f1np1/operstate") == "up"
+    cx6dx.set_link("enp59s0f0np0", True)
+    assert cx6dx.read("/sys/class/infiniband/mlx5_0/ports/1/state") == "4: ACTIVE"
+    assert cx6dx.read("/sys/class/net/enp59s0f0v1/operstate") == "up"
+
+
+def test_binding_a_vf_to_vfio_replaces_netdev_and_rdma_with_a_vfio_group(
+    cx6dx: SimulatedHost,
+) -> None:
+    cx6dx.set_numvfs("enp59s0f0np0", 1)
+    vf = cx6dx.vfs("enp59s0f0np0")[0]
+    group = cx6dx.link_name(f"{PCI}/{vf}/iommu_group")
+    cx6dx.bind_driver(vf, "vfio-pci")
+    assert cx6dx.link_name(f"{PCI}/{vf}/driver") == "vfio-pci"
+    assert cx6dx.netdev(vf) is None and cx6dx.rdma_device(vf) is None
+    assert cx6dx.exists(f"/dev/vfio/{group}") and cx6dx.exists("/dev/vfio/vfio")
+    cx6dx.bind_driver(vf, "mlx5_core")
+    assert not cx6dx.exists(f"/dev/vfio/{group}")
+    assert cx6dx.netdev(vf) == "enp59s0f0v0" and cx6dx.rdma_device(vf) == "mlx5_2"
+
+
+def test_rdma_device_can_vanish_and_return(cx6dx: SimulatedHost) -> None:
+    cx6dx.remove_rdma("enp59s0f1np1")
+    assert cx6dx.rdma_device("0000:3b:00.1") is None
+    assert not cx6dx.exists("/dev/infiniband/uverbs1")
+    assert cx6dx.add_rdma("enp59s0f1np1") == "mlx5_1"
+    assert cx6dx.exists("/dev/infiniband/uverbs1")
+
+
+def test_a_tree_built_elsewhere_can_be_driven(cx6dx: SimulatedHost) -> None:
+    again = SimulatedHost(cx6dx.root)
+    again.set_numvfs("enp59s0f0np0", 2)
+    assert cx6dx.vfs("0000:3b:00.0") == ["0000:3b:00.2", "0000:3b:00.3"]
+
+
+def test_scalable_function_appears_on_the_auxiliary_bus(cx6dx: SimulatedHost) -> None:
+    name = cx6dx.add_sf("enp59s0f0np0", 88)
+    aux = f"/sys/bus/auxiliary/devices/{name}"
+    assert name.startswith("mlx5_core.sf.")
+    assert cx6dx.read(f"{aux}/sfnum") == "88"
+    assert cx6dx.listdir(f"{aux}/net") == ["enp59s0f0s88"]
+    assert cx6dx.path(aux).resolve().parent.name == "0000:3b:00.0"
+
+
+def _tree(root: Path) -> set[str]:
+    found = set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            found.add(os.path.relpath(os.path.join(dirpath, name), root))
+    return found
