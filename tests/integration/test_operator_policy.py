@@ -110,6 +110,11 @@ def test_infiniband_policy_goes_ready_and_orders_plugins_after_the_driver(
     conditions = {c["type"]: c for c in policy_status(client)["conditions"]}
     assert conditions["Ready"]["status"] == "True"
     assert conditions["OFEDDriverReady"]["reason"] == "ComponentReady"
+    # The pitfall is named with its fix: node-4's NFD labels the NIC by class and vendor.
+    assert ("node node-4 has a Mellanox NIC (feature.node.kubernetes.io/pci-0200_15b3.present)"
+            " but no label feature.node.kubernetes.io/pci-15b3.present") in \
+        conditions["Ready"]["message"]
+    assert "kubectl label node node-4" in conditions["Ready"]["message"]
 
 
 def test_config_change_rolls_removed_section_is_deleted_and_delete_cleans_up(

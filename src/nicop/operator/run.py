@@ -12,6 +12,7 @@ from nicop.kube.client import ApiClient
 from nicop.kube.events import EventRecorder
 from nicop.kube.leader import LeaderElector
 from nicop.kube.manager import Manager
+from nicop.operator.ipam import IpamController
 from nicop.operator.networks import NetworkController
 from nicop.operator.policy import PolicyController
 from nicop.operator.upgrade import UpgradeController
@@ -52,6 +53,7 @@ async def run(
     )
     NetworkController(manager)
     UpgradeController(manager, namespace, recorder)
+    IpamController(manager, namespace)
     # SIGTERM (a pod being stopped) ends the run cleanly, so the lease is handed over at once.
     task = asyncio.current_task()
     assert task is not None

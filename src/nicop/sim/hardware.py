@@ -120,11 +120,13 @@ PROFILES: dict[str, Profile] = {
         ),
         Profile(
             "cx6dx-unlabelled",
-            "ConnectX-6 Dx node that Node Feature Discovery has not labelled",
+            "ConnectX-6 Dx node labelled by an NFD with its default deviceLabelFields "
+            "(class and vendor), so it lacks pci-15b3.present",
             (CX6DX,),
             os_version="24.04",
             kernel="6.8.0-45-generic",
             nfd_labelled=False,
+            extra_labels={f"{NFD_PREFIX}/pci-0200_{MELLANOX_VENDOR}.present": "true"},
         ),
         Profile("cpu", "CPU-only node without a Mellanox NIC", (), os_version="24.04",
                 kernel="6.8.0-45-generic"),

@@ -1,0 +1,371 @@
+"""IPAM for the plugins: nv-ipam in the daemon itself, any other type run from CNI_PATH.
+
+nv-ipam's config (`ipam: {type: nv-ipam, poolName: "v4,v6", poolType: ippool|cidrpool}`, static
+addresses from `runtimeConfig.ips`, `args.cni.ips` or CNI_ARGS `IP=`) allocates from this node's
+block of each pool, round-robin after the last address handed out, and keeps the allocation in
+the node-local store before answering. A repeated ADD for the same container and interface gets
+the same address back: a runtime retrying after a crash never gets a second one.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import os
+import subprocess
+import threading
+from dataclasses import dataclass, field
+
+from prometheus_client import Gauge
+
+from nicop.cni.pools import Address, PoolConfig, PoolSource
+from nicop.cni.spec import CniError, Code, Obj, Request, config_error, empty_result, parse_result
+from nicop.cni.store import Reservation, Store
+
+log = logging.getLogger(__name__)
+
+NV_IPAM = "nv-ipam"
+ALLOCATED = Gauge("nicop_ipam_allocated", "Addresses allocated on this node", ["pool"])
+POOL_SIZE = Gauge("nicop_ipam_pool_size", "Addresses this node can hand out", ["pool"])
+
+
+@dataclass
+class NvIpamConf:
+    pools: list[str]
+    pool_type: str
+    static_ips: list[Address] = field(default_factory=list)
+    default_gateway_as_ip: bool = False
+    ip_index: int | None = None
+
+
+def ipam_section(config: Obj) -> Obj | None:
+    section = config.get("ipam")
+    if section is None or section == {}:
+        return None
+    if not isinstance(section, dict):
+        raise config_error("ipam", "must be an object with a `type`")
+    if not section.get("type"):
+        raise config_error("ipam.type", "missing (nv-ipam, host-local, static, ...)")
+    return section
+
+
+def _parse_ip(field_name: str, value: object) -> Address:
+    try:
+        return ipaddress.ip_address(str(value).split("/")[0])
+    except ValueError:
+        raise config_error(field_name, f"{value!r} is not an IP address") from None
+
+
+def parse_nv_ipam(req: Request) -> NvIpamConf:
+    """nv-ipam's config rules: pool names, pool type and static addresses (cni/types.go)."""
+    config = req.config
+    ipam = config.get("ipam") or {}
+    args_cni = ((config.get("args") or {}).get("cni") or {}) if isinstance(
+        config.get("args"), dict) else {}
+    names = args_cni.get("poolNames")
+    if names:
+        if not isinstance(names, list):
+            raise config_error("args.cni.poolNames", "must be a list of pool names")
+        pools = [str(n) for n in names]
+        where = "args.cni.poolNames"
+    else:
+        name = ipam.get("poolName")
+        if not name and not ipam.get("forcePoolName"):
+            name = config.get("name")
+        if not name:
+            raise config_error("ipam.poolName", "no pool given (set poolName, or the network "
+                               "name when forcePoolName is false)")
+        if not isinstance(name, str):
+            raise config_error("ipam.poolName", "must be a string such as \"pool1\" or "
+                               "\"v4pool,v6pool\"")
+        pools = name.split(",")
+        where = "ipam.poolName"
+    if len(pools) > 2:
+        raise config_error(where, f"{len(pools)} pools given; at most two (one IPv4, one IPv6)")
+    if any(not p.strip() for p in pools):
+        raise config_error(where, f"{','.join(pools)!r} has an empty pool name")
+    pool_type = str(args_cni.get("poolType") or ipam.get("poolType") or "ippool").lower()
+    if pool_type not in ("ippool", "cidrpool"):
+        raise config_error("ipam.poolType", f"unsupported poolType {pool_type!r}, supported "
+                           "values: ippool, cidrpool")
+    conf = NvIpamConf(pools=[p.strip() for p in pools], pool_type=pool_type)
+    runtime_ips = (config.get("runtimeConfig") or {}).get("ips") or []
+    if runtime_ips:
+        conf.static_ips = [_parse_ip("runtimeConfig.ips", v) for v in runtime_ips]
+    elif args_cni.get("ips"):
+        conf.static_ips = [_parse_ip("args.cni.ips", v) for v in args_cni["ips"]]
+    elif req.args.get("IP"):
+        conf.static_ips = [_parse_ip("CNI_ARGS IP", req.args["IP"])]
+    if req.command in ("ADD", "DEL", "CHECK"):
+        for key in ("K8S_POD_NAME", "K8S_POD_NAMESPACE"):
+            if not req.args.get(key):
+                raise CniError(Code.INVALID_ENV,
+                               f"CNI_ARGS: {key} is not provided by container runtime")
+    conf.default_gateway_as_ip = bool(args_cni.get("allocateDefaultGateway"))
+    index = args_cni.get("allocateIPWithIndex")
+    if index is not None:
+        if not isinstance(index, int) or index < 0:
+            raise config_error("args.cni.allocateIPWithIndex", "must be a non-negative integer")
+        conf.ip_index = index
+    if conf.default_gateway_as_ip and (conf.static_ips or conf.ip_index is not None):
+        raise config_error("args.cni.allocateDefaultGateway", "can't be used together with a "
+                           "static IP request or allocateIPWithIndex")
+    if conf.ip_index is not None and conf.static_ips:
+        raise config_error("args.cni.allocateIPWithIndex", "can't be used together with a "
+                           "static IP request")
+    return conf
+
+
+class Ipam:
+    """Allocations of this node: the store, the pools, and delegation to other IPAM types."""
+
+    def __init__(self, store: Store, pools: PoolSource) -> None:
+        self.store = store
+        self.pools = pools
+        self.lock = threading.Lock()
+        """Held while choosing and storing an address, so two ADDs never pick the same."""
+
+    # ------------------------------------------------------------------ nv-ipam
+    def _pool_configs(self, conf: NvIpamConf) -> list[PoolConfig]:
+        return [self.pools.lookup(conf.pool_type, name) for name in conf.pools]
+
+    def _pick(self, pool: PoolConfig, taken: set[str], conf: NvIpamConf,
+              static: Address | None) -> Address:
+        gw = int(pool.gateway) if pool.gateway is not None else None
+        if static is not None:
+            if static not in pool.subnet:
+                raise config_error("static IP", f"{static} is not in pool {pool.name} "
+                                   f"({pool.subnet})")
+            if str(static) in taken:
+                raise CniError(Code.DEVICE_BUSY, f"{static} is already allocated in pool "
+                               f"{pool.name}")
+            return static
+        if conf.default_gateway_as_ip:
+            if pool.gateway is None:
+                raise config_error("args.cni.allocateDefaultGateway",
+                                   f"pool {pool.name} has no gateway")
+            if str(pool.gateway) in taken:
+                raise CniError(Code.DEVICE_BUSY, f"the gateway {pool.gateway} of pool "
+                               f"{pool.name} is already allocated")
+            return pool.gateway
+        start, end = int(pool.start), int(pool.end)
+        if conf.ip_index is not None:
+            value = start + conf.ip_index
+            if value > end:
+                raise config_error("args.cni.allocateIPWithIndex", f"index {conf.ip_index} is "
+                                   f"outside the node's block {pool.start}-{pool.end}")
+            ip = ipaddress.ip_address(value)
+            if str(ip) in taken or value == gw or pool.excluded(value):
+                raise CniError(Code.DEVICE_BUSY, f"{ip} (index {conf.ip_index}) of pool "
+                               f"{pool.name} is not free")
+            return ip
+        last = self.store.last_reserved(pool.name)
+        first = start
+        if last:
+            try:
+                value = int(ipaddress.ip_address(last))
+                if start <= value < end:
+                    first = value + 1
+            except ValueError:
+                pass
+        span = end - start + 1
+        for step in range(span):
+            value = start + (first - start + step) % span
+            if value == gw or pool.excluded(value):
+                continue
+            ip = ipaddress.ip_address(value)
+            if str(ip) not in taken:
+                return ip
+        raise CniError(Code.NO_FREE_ADDRESSES, f"no free addresses in pool {pool.name} on this "
+                       f"node ({pool.start}-{pool.end}, {len(taken)} allocated)",
+                       "enlarge perNodeBlockSize, or free addresses of pods that are gone")
+
+    def allocate(self, req: Request, device_id: str = "") -> Obj:
+        """ADD for nv-ipam: one address per pool, stored before the answer."""
+        conf = parse_nv_ipam(req)
+        pools = self._pool_configs(conf)
+        namespace, name, uid = req.pod
+        result = empty_result()
+        with self.lock, self.store.transaction():
+            for pool in pools:
+                res = self.store.get(pool.name, req.container_id, req.ifname)
+                if res is None:
+                    static = next((ip for ip in conf.static_ips
+                                   if ip.version == pool.subnet.version), None)
+                    ip = self._pick(pool, self.store.reserved(pool.name), conf, static)
+                    res = Reservation(
+                        container_id=req.container_id, interface_name=req.ifname,
+                        ip_address=str(ip), pod_name=name, pod_namespace=namespace,
+                        pod_uuid=uid, device_id=device_id or str(req.config.get("deviceID", "")),
+                        pool_config_snapshot=pool.snapshot(), network=req.name,
+                    )
+                    self.store.reserve(pool.name, res, pool.snapshot())
+                address = f"{res.ip_address}/{pool.subnet.prefixlen}"
+                entry: Obj = {"address": address}
+                if pool.gateway is not None:
+                    entry["gateway"] = str(pool.gateway)
+                result["ips"].append(entry)
+                result["routes"].extend(pool.result_routes())
+        self.update_metrics()
+        return result
+
+    def release(self, req: Request) -> None:
+        """DEL for nv-ipam: free this container's address in each pool; absent is fine."""
+        try:
+            conf = parse_nv_ipam(req)
+            names = conf.pools
+        except CniError:
+            names = list(self.store.snapshot())  # a config that no longer parses: look everywhere
+        with self.lock, self.store.transaction():
+            for pool in names:
+                self.store.release(pool, req.container_id, req.ifname)
+        self.update_metrics()
+
+    def is_allocated(self, req: Request) -> None:
+        conf = parse_nv_ipam(req)
+        for pool in conf.pools:
+            if self.store.get(pool, req.container_id, req.ifname) is None:
+                raise CniError(Code.INTERNAL, f"no allocation in pool {pool} for container "
+                               f"{req.container_id} interface {req.ifname}")
+
+    def ready(self, req: Request) -> None:
+        """STATUS for nv-ipam: the node has a block of every pool the config names."""
+        conf = parse_nv_ipam(req)
+        for name in conf.pools:
+            try:
+                self.pools.lookup(conf.pool_type, name)
+            except CniError as e:
+                raise CniError(Code.NOT_AVAILABLE, f"plugin not available: {e.msg}",
+                               e.details) from None
+
+    def collect(self, req: Request) -> int:
+        """GC for nv-ipam: free what this network allocated for attachments that are gone."""
+        valid = {(a.get("containerID"), a.get("ifname"))
+                 for a in req.config.get("cni.dev/valid-attachments") or []}
+        conf = parse_nv_ipam(req)
+        freed = 0
+        with self.lock, self.store.transaction():
+            for pool, entries in self.store.snapshot().items():
+                if pool not in conf.pools:
+                    continue
+                for res in entries:
+                    if res.network == req.name and \
+                            (res.container_id, res.interface_name) not in valid:
+                        self.store.release(pool, res.container_id, res.interface_name)
+                        freed += 1
+        self.update_metrics()
+        return freed
+
+    def usage(self) -> dict[str, dict[str, int]]:
+        """Allocated and allocatable addresses per pool on this node."""
+        out: dict[str, dict[str, int]] = {}
+        known = self.pools.known()
+        for name, entries in self.store.snapshot().items():
+            out[name] = {"allocated": len(entries), "size": 0}
+        for name, pool in known.items():
+            out.setdefault(name, {"allocated": 0, "size": 0})["size"] = pool.size()
+        return out
+
+    def update_metrics(self) -> None:
+        for name, u in self.usage().items():
+            ALLOCATED.labels(name).set(u["allocated"])
+            POOL_SIZE.labels(name).set(u["size"])
+
+    # ------------------------------------------------------------------ any type
+    def validate(self, req: Request) -> None:
+        """Config errors before anything moves: the ipam section, nv-ipam's pools."""
+        section = ipam_section(req.config)
+        if section is None:
+            return
+        if section["type"] != NV_IPAM:
+            self._binary(req, section["type"])
+            return
+        conf = parse_nv_ipam(req)
+        for pool in self._pool_configs(conf):
+            static = next((ip for ip in conf.static_ips if ip.version == pool.subnet.version),
+                          None)
+            if static is not None and static not in pool.subnet:
+                raise config_error("static IP", f"{static} is not in pool {pool.name} "
+                                   f"({pool.subnet})")
+
+    def add(self, req: Request) -> Obj:
+        section = ipam_section(req.config)
+        if section is None:
+            return empty_result()
+        if section["type"] == NV_IPAM:
+            return self.allocate(req)
+        return self._delegate(req, section["type"], "ADD")
+
+    def delete(self, req: Request) -> None:
+        section = ipam_section(req.config)
+        if section is None:
+            return
+        if section["type"] == NV_IPAM:
+            self.release(req)
+        else:
+            self._delegate(req, section["type"], "DEL")
+
+    def check(self, req: Request) -> None:
+        section = ipam_section(req.config)
+        if section is None:
+            return
+        if section["type"] == NV_IPAM:
+            self.is_allocated(req)
+        else:
+            self._delegate(req, section["type"], "CHECK")
+
+    @staticmethod
+    def _binary(req: Request, plugin: str) -> str:
+        if "/" in plugin:
+            raise config_error("ipam.type", f"{plugin!r} must be a plugin name, not a path")
+        binary = next((os.path.join(d, plugin) for d in req.path
+                       if os.access(os.path.join(d, plugin), os.X_OK)), None)
+        if binary is None:
+            raise config_error("ipam.type", f"IPAM plugin {plugin!r} not found in CNI_PATH "
+                               f"{':'.join(req.path) or '(empty)'}")
+        return binary
+
+    def _delegate(self, req: Request, plugin: str, command: str) -> Obj:
+        """Run IPAM plugin `plugin` from CNI_PATH with this request (the spec's delegation)."""
+        binary = self._binary(req, plugin)
+        env = {**os.environ, **req.env, "CNI_COMMAND": command}
+        proc = subprocess.run([binary], input=req.stdin, env=env, capture_output=True,
+                              timeout=120, check=False)
+        if proc.returncode != 0:
+            try:
+                err = json.loads(proc.stdout)
+                raise CniError(int(err.get("code", Code.INTERNAL)), str(err.get("msg", "")),
+                               str(err.get("details", "")))
+            except (ValueError, AttributeError):
+                text = (proc.stdout or proc.stderr).decode(errors="replace").strip()
+                raise CniError(Code.INTERNAL, f"IPAM plugin {plugin} failed: {text}") from None
+        if command != "ADD":
+            return {}
+        try:
+            return parse_result(json.loads(proc.stdout))
+        except ValueError:
+            raise CniError(Code.DECODING_FAILURE,
+                           f"IPAM plugin {plugin} printed an invalid result") from None
+
+
+class NvIpamPlugin:
+    """`nv-ipam` as its own CNI plugin, for plugins that run it from CNI_PATH."""
+
+    def __init__(self, ipam: Ipam) -> None:
+        self.ipam = ipam
+
+    def add(self, req: Request) -> Obj:
+        return self.ipam.allocate(req)
+
+    def delete(self, req: Request) -> None:
+        self.ipam.release(req)
+
+    def check(self, req: Request) -> None:
+        self.ipam.is_allocated(req)
+
+    def status(self, req: Request) -> None:
+        self.ipam.ready(req)
+
+    def gc(self, req: Request) -> None:
+        self.ipam.collect(req)

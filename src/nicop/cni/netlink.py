@@ -1,0 +1,317 @@
+"""Links and namespaces through netlink (pyroute2): move a device into a pod and back.
+
+The daemon never switches its own threads into a pod's namespace for longer than it takes to
+open a netlink socket there: a socket stays bound to the namespace it was created in, so each
+request holds one socket per namespace and the process itself stays in the node's namespace.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from nicop.cni.spec import CniError, Code, Obj
+
+log = logging.getLogger(__name__)
+
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+_NSFS_DEV = os.stat("/proc/self/ns/net").st_dev
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+class Netns:
+    """An open network namespace: its fd moves links into it, sockets made in it act on it."""
+
+    def __init__(self, path: str | None = None) -> None:
+        """Open the namespace at `path` (a bind mount such as /run/netns/x, or /proc/<pid>/ns/net);
+        None is the calling thread's own namespace."""
+        self.path = path or ""
+        self.fd = os.open(path or "/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        if os.fstat(self.fd).st_dev != _NSFS_DEV:
+            os.close(self.fd)
+            raise NotADirectoryError(f"{path} is not a network namespace")
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> Netns:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def ipr(self) -> Iterator[Any]:
+        """An IPRoute whose socket lives in this namespace (the thread goes back at once)."""
+        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _setns(self.fd)
+            try:
+                sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 0)
+            finally:
+                _setns(own)  # a failure here leaves the thread astray: let it raise loudly
+        finally:
+            os.close(own)
+        ipr = IPRoute(use_socket=sock, groups=0)
+        try:
+            yield ipr
+        finally:
+            ipr.close()
+
+
+def open_netns(path: str, what: str = "CNI_NETNS") -> Netns:
+    """The pod's namespace, or a CNI error naming the variable that points nowhere useful."""
+    try:
+        return Netns(path)
+    except FileNotFoundError:
+        raise CniError(Code.INVALID_ENV, f"{what}: network namespace {path} does not exist") \
+            from None
+    except OSError as e:
+        raise CniError(Code.INVALID_ENV, f"{what}: cannot open network namespace {path}: "
+                       f"{e.strerror or e}") from None
+
+
+@dataclass
+class Link:
+    index: int
+    name: str
+    mac: str
+    mtu: int
+    up: bool
+    alias: str
+
+
+def _link(msg: Any) -> Link:
+    return Link(
+        index=msg["index"],
+        name=msg.get("ifname") or "",
+        mac=msg.get("address") or "",
+        mtu=msg.get("mtu") or 0,
+        up=bool(msg["flags"] & 1),
+        alias=msg.get("ifalias") or "",
+    )
+
+
+def get_link(ipr: Any, name: str) -> Link | None:
+    try:
+        return _link(ipr.link("get", ifname=name)[0])
+    except NetlinkError as e:
+        if e.code == 19:  # ENODEV
+            return None
+        raise
+
+
+def find_link(ipr: Any, *, mac: str | None = None, alias: str | None = None) -> Link | None:
+    """The first link with this MAC, or whose alias (the name it had on the node) matches."""
+    for msg in ipr.link("dump"):
+        link = _link(msg)
+        if (mac and link.mac.lower() == mac.lower()) or (alias and link.alias == alias):
+            return link
+    return None
+
+
+def temp_name() -> str:
+    """A name no other device has, for the moment between two namespaces."""
+    return "nctmp" + secrets.token_hex(5)
+
+
+def netlink_error(action: str, e: NetlinkError) -> CniError:
+    return CniError(Code.INTERNAL, f"{action}: {e.args[1] if len(e.args) > 1 else e}")
+
+
+def move_in(
+    host: Netns, pod: Netns, host_name: str, ifname: str, *, temp: str,
+    mac: str | None = None, mtu: int | None = None,
+) -> Link:
+    """Move `host_name` into `pod` as `ifname`, up, with the MAC and MTU asked for.
+
+    The device crosses under a temporary name, so neither a node device nor a pod device with
+    the same name can get in the way; on failure it goes back to the node under its old name.
+    Its node name is kept as the link alias, so it can be found and renamed back even after
+    the pod's namespace was destroyed and the kernel returned it under another name.
+    """
+    with host.ipr() as h, pod.ipr() as p:
+        link = get_link(h, host_name)
+        if link is None:
+            raise CniError(Code.INTERNAL, f"device {host_name} not found on the node",
+                           "it may be attached to another pod, or renamed")
+        if get_link(p, ifname) is not None:
+            raise CniError(Code.INVALID_ENV,
+                           f"CNI_IFNAME: interface {ifname} already exists in {pod.path}")
+        try:
+            if link.up:  # a device is renamed only while down
+                h.link("set", index=link.index, state="down")
+            h.link("set", index=link.index, ifname=temp, ifalias=host_name)
+            h.link("set", index=link.index, net_ns_fd=pod.fd)
+        except NetlinkError as e:
+            _restore_name(h, temp, host_name, link.alias)
+            raise netlink_error(f"moving {host_name} into {pod.path}", e) from None
+        try:
+            moved = get_link(p, temp)
+            if moved is None:
+                raise CniError(Code.INTERNAL, f"{host_name} vanished while moving into {pod.path}")
+            changes: dict[str, Any] = {"ifname": ifname}
+            if mac:
+                changes["address"] = mac
+            if mtu:
+                changes["mtu"] = mtu
+            p.link("set", index=moved.index, **changes)
+            p.link("set", index=moved.index, state="up")
+            final = get_link(p, ifname)
+            assert final is not None
+            return final
+        except (NetlinkError, CniError, AssertionError) as e:
+            _move_back(p, h, host, (ifname, temp), temp, host_name, mac=link.mac,
+                       alias=link.alias, ours=True)
+            if isinstance(e, NetlinkError):
+                raise netlink_error(f"configuring {ifname} in {pod.path}", e) from None
+            raise
+
+
+def _restore_name(h: Any, temp: str, host_name: str, alias: str) -> None:
+    current = get_link(h, temp)
+    if current is not None:
+        try:
+            h.link("set", index=current.index, ifname=host_name, ifalias=alias)
+        except NetlinkError as e:
+            log.warning("could not rename %s back to %s: %s", temp, host_name, e)
+
+
+def _move_back(
+    p: Any, h: Any, host: Netns, names: tuple[str, ...], temp: str, host_name: str, *,
+    mac: str | None, mtu: int | None = None, up: bool = False, alias: str = "",
+    ours: bool = True,
+) -> bool:
+    """Move the first of `names` found in the pod back to the node as `host_name`.
+
+    With `ours`, only a link whose alias is `host_name` (set when it was moved in) counts: a
+    pod's own interface that happens to have the name is never taken.
+    """
+    link = next((lk for n in names if (lk := get_link(p, n)) is not None
+                 and (not ours or lk.alias == host_name)), None)
+    if link is None:
+        return False
+    p.link("set", index=link.index, state="down")
+    changes: dict[str, Any] = {"ifname": temp}
+    if mac and mac.lower() != link.mac.lower():
+        changes["address"] = mac
+    if mtu and mtu != link.mtu:
+        changes["mtu"] = mtu
+    p.link("set", index=link.index, **changes)
+    p.link("set", index=link.index, net_ns_fd=host.fd)
+    back = get_link(h, temp)
+    if back is not None:
+        h.link("set", index=back.index, ifname=host_name, ifalias=alias)
+        if up:
+            h.link("set", index=back.index, state="up")
+    return True
+
+
+def move_out(
+    host: Netns, pod: Netns | None, ifname: str, host_name: str, *,
+    mac: str | None = None, mtu: int | None = None, up: bool = False, alias: str = "",
+    ours: bool = True,
+) -> str:
+    """Put the pod's `ifname` back on the node as `host_name`, with its old MAC, MTU, alias.
+
+    Idempotent: a device already back (or gone with its namespace) is not an error. Returns
+    what happened, for the log. `ours`: see _move_back (False for attachments made by an
+    upstream plugin that set no alias).
+    """
+    temp = temp_name()
+    with host.ipr() as h:
+        try:
+            if pod is not None:
+                with pod.ipr() as p:
+                    if _move_back(p, h, host, (ifname,), temp, host_name, mac=mac, mtu=mtu,
+                                  up=up, alias=alias, ours=ours):
+                        return "moved back"
+            if get_link(h, host_name) is not None:
+                return "already on the node"
+            # Returned by the kernel when its namespace went away, under its pod name: the
+            # alias still holds the node name.
+            stray = find_link(h, alias=host_name)
+            if stray is not None:
+                h.link("set", index=stray.index, state="down")
+                changes: dict[str, Any] = {"ifname": host_name, "ifalias": alias}
+                if mac:
+                    changes["address"] = mac
+                h.link("set", index=stray.index, **changes)
+                return f"renamed {stray.name} back"
+            return "not found"
+        except NetlinkError as e:
+            raise netlink_error(f"moving {ifname} back to the node as {host_name}", e) from None
+
+
+def configure_ips(pod: Netns, ifname: str, result: Obj) -> None:
+    """Add the result's addresses and routes to `ifname` (CNI's ConfigureIface)."""
+    ips = [ip for ip in result.get("ips") or [] if ip.get("interface") in (None, 0)]
+    gateways: dict[int, str] = {}
+    with pod.ipr() as p:
+        link = get_link(p, ifname)
+        if link is None:
+            raise CniError(Code.INTERNAL, f"{ifname} not found in {pod.path}")
+        try:
+            for ip in ips:
+                iface = ipaddress.ip_interface(ip["address"])
+                p.addr("add", index=link.index, address=str(iface.ip),
+                       prefixlen=iface.network.prefixlen)
+                if ip.get("gateway"):
+                    gateways.setdefault(iface.version, ip["gateway"])
+            for route in result.get("routes") or []:
+                dst = ipaddress.ip_network(route["dst"], strict=False)
+                gw = route.get("gw") or gateways.get(dst.version)
+                spec: dict[str, Any] = {"dst": str(dst.network_address),
+                                        "dst_len": dst.prefixlen, "oif": link.index}
+                if dst.version == 6:
+                    spec["family"] = 10
+                if gw:
+                    spec["gateway"] = gw
+                if route.get("mtu"):
+                    spec["metrics"] = {"attrs": [["RTAX_MTU", route["mtu"]]]}
+                if route.get("priority"):
+                    spec["priority"] = route["priority"]
+                if route.get("table"):
+                    spec["table"] = route["table"]
+                p.route("add", **spec)
+        except NetlinkError as e:
+            raise netlink_error(f"configuring addresses on {ifname}", e) from None
+
+
+def check_link(pod: Netns, ifname: str, mac: str | None, ips: list[Obj]) -> None:
+    """CHECK: the interface is in the pod with the MAC and addresses the ADD result named."""
+    with pod.ipr() as p:
+        link = get_link(p, ifname)
+        if link is None:
+            raise CniError(Code.INTERNAL, f"interface {ifname} not found in {pod.path}")
+        if mac and link.mac.lower() != mac.lower():
+            raise CniError(Code.INTERNAL,
+                           f"interface {ifname} has MAC {link.mac}, the ADD result says {mac}")
+        have = {
+            f"{a.get_attr('IFA_ADDRESS')}/{a['prefixlen']}"
+            for a in p.addr("dump", index=link.index)
+        }
+        for ip in ips:
+            iface = ipaddress.ip_interface(ip["address"])
+            if f"{iface.ip}/{iface.network.prefixlen}" not in have:
+                raise CniError(Code.INTERNAL,
+                               f"interface {ifname} lacks address {ip['address']}")

@@ -1,0 +1,272 @@
+"""The CNI protocol (spec 1.0.0 and 1.1.0, with 0.3.x/0.4.0 results for older configs).
+
+One place knows the environment variables each command needs, the well-known error codes, how
+CNI_ARGS are parsed, and how a result is written for the version the runtime asked for; the
+plugins work on one internal result shape (1.1.0's) and never on version differences.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+SUPPORTED_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+LATEST = "1.1.0"
+COMMANDS = ("ADD", "DEL", "CHECK", "VERSION", "STATUS", "GC")
+
+Obj = dict[str, Any]
+
+
+class Code(IntEnum):
+    """Well-known error codes (CNI spec "Error"); 100 and above are nicop's own."""
+
+    INCOMPATIBLE_VERSION = 1
+    UNSUPPORTED_FIELD = 2
+    UNKNOWN_CONTAINER = 3
+    INVALID_ENV = 4
+    IO_FAILURE = 5
+    DECODING_FAILURE = 6
+    INVALID_CONFIG = 7
+    TRY_AGAIN_LATER = 11
+    NOT_AVAILABLE = 50
+    LIMITED_CONNECTIVITY = 51
+    DEVICE_BUSY = 100
+    """The VF or device is attached to another pod."""
+    NO_FREE_ADDRESSES = 101
+    """The node's block of the pool is used up."""
+    INTERNAL = 999
+
+
+class CniError(Exception):
+    """An error the plugin reports to the runtime: code, message and details."""
+
+    def __init__(self, code: int, msg: str, details: str = "") -> None:
+        super().__init__(msg)
+        self.code = int(code)
+        self.msg = msg
+        self.details = details
+
+    def to_json(self, version: str) -> Obj:
+        out: Obj = {"cniVersion": version, "code": self.code, "msg": self.msg}
+        if self.details:
+            out["details"] = self.details
+        return out
+
+
+def config_error(field_name: str, problem: str) -> CniError:
+    """An invalid network configuration, naming the field the user must fix."""
+    return CniError(Code.INVALID_CONFIG, f"{field_name}: {problem}")
+
+
+# Variables each command needs (spec section "Parameters"); CNI_PATH is needed only by plugins
+# that delegate, so it is checked where delegation happens.
+REQUIRED_ENV = {
+    "ADD": ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"),
+    "CHECK": ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"),
+    "DEL": ("CNI_CONTAINERID", "CNI_IFNAME"),
+    "GC": (),
+    "STATUS": (),
+    "VERSION": (),
+}
+CONTAINER_ID = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
+KNOWN_ARGS = frozenset({
+    "IgnoreUnknown", "K8S_POD_NAMESPACE", "K8S_POD_NAME", "K8S_POD_INFRA_CONTAINER_ID",
+    "K8S_POD_UID", "MAC", "IP", "GATEWAY",
+})
+# Commands a config version allows: CHECK came with 0.4.0, STATUS and GC with 1.1.0.
+MIN_VERSION = {"CHECK": (0, 4, 0), "STATUS": (1, 1, 0), "GC": (1, 1, 0)}
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in version.split("."))
+    except ValueError:
+        return (0,)
+
+
+@dataclass
+class Request:
+    """One plugin invocation: which plugin ran, the CNI_* environment and the parsed config."""
+
+    plugin: str
+    command: str
+    container_id: str = ""
+    netns: str = ""
+    ifname: str = ""
+    args: dict[str, str] = field(default_factory=dict)
+    path: list[str] = field(default_factory=list)
+    config: Obj = field(default_factory=dict)
+    stdin: bytes = b""
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def version(self) -> str:
+        return str(self.config.get("cniVersion") or LATEST)
+
+    @property
+    def name(self) -> str:
+        return str(self.config.get("name") or "")
+
+    @property
+    def pod(self) -> tuple[str, str, str]:
+        """(namespace, name, uid) of the pod, from the Kubernetes CNI_ARGS."""
+        a = self.args
+        return a.get("K8S_POD_NAMESPACE", ""), a.get("K8S_POD_NAME", ""), a.get("K8S_POD_UID", "")
+
+
+def parse_args(text: str) -> dict[str, str]:
+    """CNI_ARGS `K=V;K2=V2`; unknown keys are refused unless IgnoreUnknown is true or 1."""
+    args: dict[str, str] = {}
+    if not text:
+        return args
+    for pair in text.split(";"):
+        if not pair:
+            continue
+        kv = pair.split("=")
+        if len(kv) != 2:
+            raise CniError(Code.INVALID_ENV, f"CNI_ARGS: invalid pair {pair!r}",
+                           "each pair must be KEY=VALUE, pairs separated by ';'")
+        args[kv[0]] = kv[1]
+    unknown = sorted(set(args) - KNOWN_ARGS)
+    if unknown and args.get("IgnoreUnknown", "").lower() not in ("true", "1"):
+        raise CniError(Code.INVALID_ENV, f"CNI_ARGS: unknown args {unknown}",
+                       "add IgnoreUnknown=true to pass arguments this plugin does not use")
+    return args
+
+
+def validate_ifname(name: str) -> None:
+    """The kernel's rules for an interface name (net/core/dev.c dev_valid_name)."""
+    if not name:
+        raise CniError(Code.INVALID_ENV, "CNI_IFNAME: interface name is empty")
+    if len(name) > 15:
+        raise CniError(Code.INVALID_ENV, f"CNI_IFNAME: interface name {name!r} is too long",
+                       "interface name should be less than 16 characters")
+    if name in (".", ".."):
+        raise CniError(Code.INVALID_ENV, "CNI_IFNAME: interface name is . or ..")
+    if any(c in "/:" or c.isspace() for c in name):
+        raise CniError(Code.INVALID_ENV,
+                       f"CNI_IFNAME: interface name {name!r} contains / or : or whitespace")
+
+
+def parse_request(plugin: str, env: dict[str, str], stdin: bytes) -> Request:
+    """Validate the environment and the config as the spec orders it; raise CniError."""
+    command = env.get("CNI_COMMAND", "")
+    if not command:
+        raise CniError(Code.INVALID_ENV, "required env variables [CNI_COMMAND] missing")
+    if command not in COMMANDS:
+        raise CniError(Code.INVALID_ENV, f"CNI_COMMAND: unknown command {command!r}",
+                       "one of " + ", ".join(COMMANDS))
+    missing = [v for v in REQUIRED_ENV[command] if not env.get(v)]
+    if missing:
+        raise CniError(Code.INVALID_ENV, f"required env variables [{','.join(missing)}] missing")
+    req = Request(
+        plugin=plugin,
+        command=command,
+        container_id=env.get("CNI_CONTAINERID", ""),
+        netns=env.get("CNI_NETNS", ""),
+        ifname=env.get("CNI_IFNAME", ""),
+        path=[p for p in env.get("CNI_PATH", "").split(":") if p],
+        stdin=stdin,
+        env=env,
+    )
+    if command in ("ADD", "DEL", "CHECK"):
+        if not CONTAINER_ID.match(req.container_id):
+            raise CniError(Code.INVALID_ENV, "CNI_CONTAINERID: invalid characters in containerID",
+                           req.container_id)
+        validate_ifname(req.ifname)
+        req.args = parse_args(env.get("CNI_ARGS", ""))
+    try:
+        config = json.loads(stdin) if stdin.strip() else {}
+    except ValueError as e:
+        raise CniError(Code.DECODING_FAILURE, f"decoding the network configuration: {e}") from None
+    if not isinstance(config, dict):
+        raise CniError(Code.DECODING_FAILURE, "the network configuration must be a JSON object")
+    req.config = config
+    if command == "VERSION":
+        return req
+    version = config.get("cniVersion") or "0.1.0"  # what libcni assumes when it is missing
+    if not isinstance(version, str) or version not in SUPPORTED_VERSIONS:
+        raise CniError(Code.INCOMPATIBLE_VERSION, "incompatible CNI versions",
+                       f"config is {version!r}, plugin supports {list(SUPPORTED_VERSIONS)}")
+    need = MIN_VERSION.get(command)
+    if need and version_tuple(version) < need:
+        raise CniError(Code.INCOMPATIBLE_VERSION,
+                       f"config version {version} does not allow {command}")
+    return req
+
+
+def version_reply(config: Obj) -> Obj:
+    requested = config.get("cniVersion")
+    version = requested if requested in SUPPORTED_VERSIONS else LATEST
+    return {"cniVersion": version, "supportedVersions": list(SUPPORTED_VERSIONS)}
+
+
+# ------------------------------------------------------------------ results
+
+INTERFACE_KEYS = ("name", "mac", "mtu", "sandbox", "socketPath", "pciID")
+ROUTE_KEYS = ("dst", "gw", "mtu", "advmss", "priority", "table", "scope")
+INTERFACE_11 = ("mtu", "socketPath", "pciID")
+ROUTE_11 = ("mtu", "advmss", "priority", "table", "scope")
+
+
+def _ordered(item: Obj, keys: tuple[str, ...], drop: tuple[str, ...]) -> Obj:
+    return {k: item[k] for k in keys if item.get(k) not in (None, "") and k not in drop}
+
+
+def render_result(result: Obj, version: str) -> Obj:
+    """The result as the spec of `version` writes it, keys in the Go library's order.
+
+    Fields that version does not know are left out; 0.3.x/0.4.0 add ips[].version. Like the
+    Go library, `dns` is always present.
+    """
+    legacy = version_tuple(version) < (1, 0, 0)
+    new = version_tuple(version) >= (1, 1, 0)
+    out: Obj = {"cniVersion": version}
+    interfaces = [_ordered(i, INTERFACE_KEYS, () if new else INTERFACE_11)
+                  for i in result.get("interfaces") or []]
+    if interfaces:
+        out["interfaces"] = interfaces
+    ips = []
+    for ip in result.get("ips") or []:
+        item: Obj = {"version": "6" if ":" in ip["address"] else "4"} if legacy else {}
+        if ip.get("interface") is not None:
+            item["interface"] = ip["interface"]
+        item["address"] = ip["address"]
+        if ip.get("gateway"):
+            item["gateway"] = ip["gateway"]
+        ips.append(item)
+    if ips:
+        out["ips"] = ips
+    routes = [_ordered(r, ROUTE_KEYS, () if new else ROUTE_11) for r in result.get("routes") or []]
+    if routes:
+        out["routes"] = routes
+    out["dns"] = {k: v for k, v in (result.get("dns") or {}).items() if v}
+    return out
+
+
+def parse_result(data: Obj) -> Obj:
+    """A result of any supported version (a prevResult, a delegate's answer) in 1.1.0 shape."""
+    if not isinstance(data, dict):
+        raise CniError(Code.DECODING_FAILURE, "a CNI result must be a JSON object")
+    out: Obj = {"interfaces": [], "ips": [], "routes": [], "dns": dict(data.get("dns") or {})}
+    for iface in data.get("interfaces") or []:
+        out["interfaces"].append(dict(iface))
+    for ip in data.get("ips") or []:
+        try:
+            ipaddress.ip_interface(ip["address"])
+        except (KeyError, ValueError, TypeError):
+            raise CniError(Code.DECODING_FAILURE,
+                           f"result has an invalid address: {ip!r}") from None
+        item = {k: v for k, v in ip.items() if k != "version"}
+        out["ips"].append(item)
+    for route in data.get("routes") or []:
+        out["routes"].append(dict(route))
+    return out
+
+
+def empty_result() -> Obj:
+    return {"interfaces": [], "ips": [], "routes": [], "dns": {}}
