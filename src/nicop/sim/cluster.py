@@ -310,13 +310,27 @@ class LocalCluster:
         path.chmod(0o600)
 
     def _spawn(self, state: State, name: str, args: list[str], die_with_parent: bool) -> Process:
-        binary = str(self.bin_dir / name)
-        log_path = self.log_dir / f"{name}.log"
+        return self._spawn_argv(state, name, [str(self.bin_dir / name), *args], die_with_parent)
+
+    def start_process(self, name: str, argv: list[str]) -> Process:
+        """Start another process that belongs to this cluster (the operator, node agents);
+        `down` stops it before the control plane. Its log is logs/<name>.log."""
+        state = self.state()
+        old = state.processes.get(name)
+        if old is not None and old.alive():
+            return old
+        return self._spawn_argv(state, name, argv, die_with_parent=False)
+
+    def _spawn_argv(
+        self, state: State, name: str, argv: list[str], die_with_parent: bool
+    ) -> Process:
+        binary = argv[0]
+        log_path = self.log_dir / f"{name.replace('/', '-')}.log"
         with open(log_path, "ab") as log:
             log.write(f"\n--- nicop: starting {name} at {time.ctime()}\n".encode())
             log.flush()
             child = subprocess.Popen(
-                [binary, *args],
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -514,17 +528,16 @@ class LocalCluster:
 
     # ----------------------------------------------------------------- down
     def down(self) -> list[str]:
-        """Stop every process `up` started, clients before servers; one report line each.
+        """Stop every process of the cluster, clients before servers; one report line each.
 
         Each gets SIGTERM and a grace period, then SIGKILL. etcd's graceful stop spends seconds
         closing listeners nobody uses any more once the API server is gone, so it gets one second.
         """
         state = self.state()
         report = []
-        for name in reversed(COMPONENTS):
-            proc = state.processes.get(name)
-            if proc is None:
-                continue
+        # Newest first: agents and the operator, then kwok ... etcd.
+        for name in reversed(list(state.processes)):
+            proc = state.processes[name]
             if not proc.alive():
                 self._reap(proc.pid)
                 report.append(f"{name}: was not running (pid {proc.pid} had exited)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 import stat
@@ -31,6 +32,7 @@ from nicop.node.deviceplugin.server import HEALTHY, KUBELET_SOCKET, VERSION
 log = logging.getLogger(__name__)
 
 CHECKPOINT = "kubelet_internal_checkpoint"
+DEVICES_ANNOTATION = "nicop.io/devices"
 _NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -92,6 +94,10 @@ class Kubelet:
         self._server: aio.Server | None = None
         self._changed = asyncio.Condition()
         self._patcher: asyncio.Task[None] | None = None
+        self._admitter: asyncio.Task[None] | None = None
+        # resource -> device IDs held by pods of this node, pod uid -> what it holds
+        self._in_use: dict[str, set[str]] = {}
+        self._held: dict[str, list[tuple[str, list[str]]]] = {}
         self._dirty = asyncio.Event()
         self._patched: dict[str, tuple[int, int]] = {}
 
@@ -116,6 +122,7 @@ class Kubelet:
         self._server = server
         if self.kubeconfig is not None and self._patcher is None:
             self._patcher = asyncio.create_task(self._patch_node_loop())
+            self._admitter = asyncio.create_task(self._admit_pods_loop())
         log.info("kubelet: serving Registration on %s", self.socket_path)
 
     async def stop(self) -> None:
@@ -140,11 +147,12 @@ class Kubelet:
     async def close(self) -> None:
         """Stop, and stop patching the node."""
         await self.stop()
-        if self._patcher is not None:
-            self._patcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._patcher
-            self._patcher = None
+        for task in (self._patcher, self._admitter):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._patcher = self._admitter = None
 
     # ------------------------------------------------------------------ what tests look at
     def capacity(self) -> dict[str, int]:
@@ -275,6 +283,90 @@ class Kubelet:
                 await asyncio.sleep(0.1)
         finally:
             await client.close()
+
+
+    # ------------------------------------------------------------------ pods
+    async def _admit_pods_loop(self) -> None:
+        """Allocate devices to the pods bound to this node, as the kubelet does when it starts
+        their containers, and record the result on the pod (annotation nicop.io/devices), since
+        no container runtime exists to receive it."""
+        from lightkube import AsyncClient, KubeConfig
+        from lightkube.resources.core_v1 import Pod
+
+        assert self.kubeconfig is not None and self.node_name
+        client = AsyncClient(config=KubeConfig.from_file(self.kubeconfig),
+                             field_manager="nicop-kubelet")
+        try:
+            while True:
+                try:
+                    async for event, pod in client.watch(
+                        Pod, namespace="*", fields={"spec.nodeName": self.node_name}
+                    ):
+                        meta = pod.metadata
+                        assert meta is not None and meta.uid is not None
+                        if event == "DELETED" or meta.deletionTimestamp:
+                            for resource, ids in self._held.pop(meta.uid, []):
+                                self._in_use.get(resource, set()).difference_update(ids)
+                        elif meta.uid not in self._held:
+                            recorded = (meta.annotations or {}).get(DEVICES_ANNOTATION)
+                            if recorded:  # allocated before a restart: hold it again
+                                self._hold(meta.uid, json.loads(recorded))
+                            else:
+                                await self._admit(client, pod)
+                except Exception as e:  # the API server may be restarting: watch again
+                    log.warning("kubelet: pod watch on %s: %s", self.node_name, e)
+                    await asyncio.sleep(1.0)
+        finally:
+            await client.close()
+
+    def _hold(self, uid: str, record: dict[str, dict[str, Any]]) -> None:
+        held = [(resource, list(entry.get("ids", [])))
+                for container in record.values() for resource, entry in container.items()]
+        for resource, ids in held:
+            self._in_use.setdefault(resource, set()).update(ids)
+        self._held[uid] = held
+
+    async def _admit(self, client: Any, pod: Any) -> None:
+        from lightkube.resources.core_v1 import Pod
+
+        meta = pod.metadata
+        record: dict[str, dict[str, Any]] = {}
+        held: list[tuple[str, list[str]]] = []
+        for container in pod.spec.containers:
+            wanted = {**((container.resources and container.resources.requests) or {}),
+                      **((container.resources and container.resources.limits) or {})}
+            for resource, amount in wanted.items():
+                if resource not in self.resources:
+                    continue
+                in_use = self._in_use.setdefault(resource, set())
+                free = sorted(i for i, d in self.resources[resource].devices.items()
+                              if d.health == HEALTHY and i not in in_use)
+                ids = free[: int(amount)]
+                try:
+                    if len(ids) < int(amount):
+                        raise RuntimeError(f"{resource}: {amount} wanted, {len(free)} free")
+                    answer = await self.allocate(resource, ids=ids)
+                except (RuntimeError, grpc.RpcError) as e:
+                    log.warning("kubelet: pod %s/%s: %s", meta.namespace, meta.name, e)
+                    for taken_resource, taken in held:
+                        self._in_use[taken_resource].difference_update(taken)
+                    return
+                in_use.update(ids)
+                held.append((resource, ids))
+                record.setdefault(container.name, {})[resource] = {
+                    "ids": ids,
+                    "devices": [d.host_path for d in answer.devices],
+                    "env": dict(answer.envs),
+                    "mounts": [m.host_path for m in answer.mounts],
+                }
+        if not record:
+            return
+        self._held[meta.uid] = held
+        await client.patch(Pod, meta.name, namespace=meta.namespace,
+                           obj={"metadata": {"annotations": {
+                               DEVICES_ANNOTATION: json.dumps(record, sort_keys=True)}}})
+        log.info("kubelet: allocated %s to pod %s/%s", sorted(
+            {r for c in record.values() for r in c}), meta.namespace, meta.name)
 
 
 async def serve(

@@ -92,6 +92,10 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
     env = [
         {"name": "CREATE_IFNAMES_UDEV", "value": "true"},
         {"name": "NVIDIA_NIC_DRIVERS_INVENTORY_PATH", "value": "/mnt/drivers-inventory"},
+        # Upstream images know their version; nicop's image reads it (and its node, for
+        # safe load) from here.
+        {"name": "NVIDIA_NIC_DRIVER_VER", "value": str(spec.get("version", ""))},
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         *(spec.get("env") or []),
     ]
     for (os_id, os_version, kernel, arch), _nodes in grouped.items():

@@ -1,0 +1,87 @@
+"""Safe driver load against the real API server: the driver container annotates its node and
+unloads nothing until the upgrade controller (here: the test, as an operator would) removes it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from lightkube import Client
+from lightkube.resources.core_v1 import Node
+from lightkube.types import PatchType
+
+from nicop.kube.client import ApiClient
+from nicop.node.driver import (
+    READY_FILE,
+    SAFE_LOAD_ANNOTATION,
+    DriverAgent,
+    DriverConfig,
+    SafeLoad,
+)
+from nicop.sim.hardware import PROFILES, SimulatedHost
+from nicop.sim.kernel import SimulatedBackend, SimulatedKernel
+
+NODE = "node-3"  # a ConnectX-6 Dx node of the test cluster
+OLD, NEW = "24.07-0.6.1.0", "24.10-1.1.4.0"
+
+
+def annotations(client: Client) -> dict[str, str]:
+    return dict(client.get(Node, NODE).metadata.annotations or {})
+
+
+async def until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not await asyncio.to_thread(check):
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        await asyncio.sleep(0.1)
+
+
+def test_safe_load_blocks_until_the_annotation_is_removed(
+    client: Client, kubeconfig: Path, tmp_path: Path
+) -> None:
+    profile = PROFILES["cx6dx"]
+    host = SimulatedHost.build(tmp_path / "node", profile)
+    kernel = SimulatedKernel.boot(tmp_path / "node", profile.kernel, driver_version=OLD)
+    backend = SimulatedBackend(kernel, precompiled=[NEW])
+
+    async def scenario() -> None:
+        api = ApiClient(kubeconfig)
+        try:
+            cfg = DriverConfig(version=NEW, node_name=NODE, safe_load=True,
+                               validation_timeout=10, poll_interval=0.1)
+            agent = DriverAgent(cfg, host, backend, SafeLoad(api, NODE, poll_interval=0.2))
+            stop = asyncio.Event()
+            task = asyncio.create_task(agent.run(stop))
+            await until(lambda: SAFE_LOAD_ANNOTATION in annotations(client), 20,
+                        "the safe-load annotation on the node")
+            assert annotations(client)[SAFE_LOAD_ANNOTATION] == "true"
+            await asyncio.sleep(1.5)  # several polls: still waiting, nothing unloaded
+            assert not task.done()
+            assert kernel.installed_version() == NEW  # installed while the node kept working
+            assert backend.commands == []
+            assert kernel.version("mlx5_core") == OLD
+            assert not host.exists(READY_FILE)
+
+            # What the upgrade controller does once the node is drained.
+            await asyncio.to_thread(
+                client.patch, Node, NODE,
+                {"metadata": {"annotations": {SAFE_LOAD_ANNOTATION: None}}},
+                patch_type=PatchType.MERGE)
+            await until(lambda: host.exists(READY_FILE) or task.done(), 20,
+                        "the readiness file")
+            assert not task.done(), task.exception()
+            assert kernel.version("mlx5_core") == NEW
+            assert "rmmod mlx5_core" in backend.commands
+            stop.set()
+            await task
+        finally:
+            await api.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        if SAFE_LOAD_ANNOTATION in annotations(client):
+            client.patch(Node, NODE, {"metadata": {"annotations": {SAFE_LOAD_ANNOTATION: None}}},
+                         patch_type=PatchType.MERGE)

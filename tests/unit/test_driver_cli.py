@@ -1,0 +1,94 @@
+"""`nicop driver run` and `nicop driver probe` as the driver DaemonSet runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nicop.cli import app
+from nicop.sim.hardware import PROFILES, SimulatedHost
+from nicop.sim.kernel import SimulatedKernel
+
+NICOP = [sys.executable, "-m", "nicop"]
+READY = "run/mellanox/drivers/.driver-ready"
+VERSION = "24.10-1.1.4.0"
+
+
+@pytest.fixture
+def node() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="drv-", dir="/tmp"))
+    profile = PROFILES["cx7-ib"]
+    SimulatedHost.build(root, profile)
+    SimulatedKernel.boot(root, profile.kernel)
+    yield root
+    shutil.rmtree(root)
+
+
+def test_probes_exit_with_a_one_line_reason(node: Path) -> None:
+    runner = CliRunner()
+    startup = runner.invoke(app, ["driver", "probe", "startup", "--host-root", str(node)])
+    assert startup.exit_code == 1
+    assert startup.output.count("\n") == 1 and "does not exist" in startup.output
+    live = runner.invoke(app, ["driver", "probe", "liveness", "--host-root", str(node)])
+    assert (live.exit_code, live.output) == (0, "mlx5_core inbox loaded\n")
+    (node / READY).parent.mkdir(parents=True)
+    (node / READY).write_text(VERSION + "\n")
+    ready = runner.invoke(app, ["driver", "probe", "readiness", "--host-root", str(node)],
+                          env={"NVIDIA_NIC_DRIVER_VER": VERSION})
+    assert (ready.exit_code, ready.output) == (1, f"mlx5_core inbox loaded, want {VERSION}\n")
+    bad = runner.invoke(app, ["driver", "probe", "health", "--host-root", str(node)])
+    assert bad.exit_code == 1 and "unknown probe 'health'" in bad.output
+
+
+def _driver(node: Path, log: Path, **env: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [*NICOP, "driver", "run", "--backend", "sim", "--host-root", str(node),
+         "--log-format", "json", "--validation-timeout", "2"],
+        env={**os.environ, "NVIDIA_NIC_DRIVER_VER": VERSION, **env},
+        stderr=log.open("w"),
+    )
+
+
+def test_run_marks_ready_and_sigterm_restores_the_inbox_driver(node: Path) -> None:
+    log = node / "driver.log"
+    proc = _driver(node, log, RESTORE_DRIVER_ON_POD_TERMINATION="true", NODE_NAME="worker-1")
+    try:
+        deadline = time.monotonic() + 30
+        while not (node / READY).exists():
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        assert (node / "sys/module/mlx5_core/version").read_text().strip() == VERSION
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not (node / READY).exists()
+    assert not (node / "sys/module/mlx5_core/version").exists()  # inbox again
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert all(line.get("node") == "worker-1" for line in lines if "node" in line)
+    messages = [line["msg"] for line in lines]
+    assert any(m.startswith("unsetting driver ready state (stopping)") for m in messages)
+    assert "inbox driver restored" in messages
+
+
+def test_run_exits_1_naming_the_module_that_blocks(node: Path) -> None:
+    SimulatedKernel(node).modprobe("ib_srp")
+    log = node / "driver.log"
+    proc = _driver(node, log)
+    assert proc.wait(timeout=30) == 1
+    text = log.read_text()
+    assert "ib_srp (storage over RDMA) holds" in text
+    assert "UNLOAD_STORAGE_MODULES=true" in text
