@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test lint controlplane venv clean-cluster
+.PHONY: demo test lint controlplane venv clean-cluster proto
 
 $(INSTALLED): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -29,3 +29,7 @@ lint: $(INSTALLED)
 
 clean-cluster: $(INSTALLED)
 	$(VENV)/bin/nicop cluster down
+
+# Regenerates the kubelet device plugin gRPC code from src/nicop/node/deviceplugin/api.proto.
+proto: $(INSTALLED)
+	$(PY) -m nicop.node.deviceplugin.protogen

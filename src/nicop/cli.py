@@ -102,11 +102,12 @@ def cluster_down(state_dir: StateDir = default_state_dir()) -> None:  # noqa: B0
 
 @cluster_app.command("status")
 def cluster_status(state_dir: StateDir = default_state_dir()) -> None:  # noqa: B008
-    """Show which components run; exits 1 unless all of them do."""
+    """Show which components (and demo agents) run; exits 1 unless the control plane does."""
     cluster = LocalCluster(state_dir)
     state = cluster.state()
     running = cluster.running()
-    for name, up in running.items():
+    extras = {name: p.alive() for name, p in state.processes.items() if name not in running}
+    for name, up in {**running, **extras}.items():
         proc = state.processes.get(name)
         if up and proc:
             console.print(f"  {name:<24} [green]running[/green]  pid {proc.pid}")
@@ -684,3 +685,203 @@ def driver_probe(
     print(reason)
     if not ok:
         raise typer.Exit(1)
+
+
+# --- status and diagnose: what the stack is doing, and what is wrong with it ------------------
+
+OutputFormat = Annotated[
+    str, typer.Option("--output", "-o", help="table (for people), json or yaml (for scripts).")
+]
+StatusKubeconfig = Annotated[
+    Path | None,
+    typer.Option(envvar="KUBECONFIG", help="Kubeconfig; ~/.kube/config or in-cluster when unset."),
+]
+OperatorNamespace = Annotated[
+    str,
+    typer.Option("--namespace", "-n", envvar="POD_NAMESPACE",
+                 help="Namespace of the operator and its components."),
+]
+
+
+def _print_data(data: object, output: str) -> None:
+    import json
+
+    import yaml
+
+    if output == "json":
+        print(json.dumps(data, indent=2))
+    else:
+        print(yaml.safe_dump(data, sort_keys=False), end="")
+
+
+@app.command("status")
+def status(
+    output: OutputFormat = "table",
+    watch: Annotated[
+        bool, typer.Option("--watch", "-w", help="Keep refreshing the tables.")
+    ] = False,
+    interval: Annotated[
+        float, typer.Option(min=0.5, help="Seconds between refreshes with --watch.")
+    ] = 2.0,
+    kubeconfig: StatusKubeconfig = None,
+    namespace: OperatorNamespace = "nvidia-network-operator",
+) -> None:
+    """Operator and leader, policy components, every node's driver, resources and VFs, IPAM
+    pools and driver upgrade progress (-o json follows docs/status-schema.json)."""
+    from nicop import status as status_module
+
+    if output not in ("table", "json", "yaml"):
+        raise _fail(f"--output must be table, json or yaml, not {output!r}")
+    if watch and output != "table":
+        raise _fail("--watch refreshes the tables; for scripts, run -o json repeatedly")
+
+    def read() -> dict[str, object]:
+        try:
+            snap = status_module.read_cluster(
+                kubeconfig, lambda client: status_module.collect(client, namespace))
+        except status_module.ClusterReadError as e:
+            raise _agent_fail(str(e)) from None
+        return status_module.summarize(snap)
+
+    if not watch:
+        summary = read()
+        if output == "table":
+            # Piped into a file or a pager: as wide as the tables need, not 80 columns.
+            out = console if console.is_terminal else Console(
+                width=max(console.width, 240), highlight=False, soft_wrap=True)
+            out.print(status_module.render(summary))
+        else:
+            _print_data(summary, output)
+        return
+    import time
+
+    from rich.console import RenderableType
+    from rich.live import Live
+    from rich.text import Text
+
+    def view() -> RenderableType:
+        """The tables, or why the cluster could not be read this time (the watch goes on)."""
+        try:
+            snap = status_module.read_cluster(
+                kubeconfig, lambda client: status_module.collect(client, namespace))
+        except status_module.ClusterReadError as e:
+            return Text(f"cannot read the cluster: {e}; trying again every {interval:g}s",
+                        style="red")
+        return status_module.render(status_module.summarize(snap))
+
+    with contextlib.suppress(KeyboardInterrupt), Live(
+        view(), console=console, auto_refresh=False, screen=False
+    ) as live:
+        while True:
+            time.sleep(interval)
+            live.update(view(), refresh=True)
+
+
+@app.command("diagnose")
+def diagnose(
+    kind: Annotated[
+        str | None, typer.Argument(help="node or pod; leave out to check the whole cluster.")
+    ] = None,
+    name: Annotated[
+        str | None, typer.Argument(help="NAME of the node, or NAMESPACE/NAME of the pod.")
+    ] = None,
+    output: OutputFormat = "table",
+    kubeconfig: StatusKubeconfig = None,
+    namespace: OperatorNamespace = "nvidia-network-operator",
+) -> None:
+    """Run the troubleshooting checklist on the cluster, a node or a pod; every failure names
+    its cause and fix. Exits 1 when a check fails."""
+    from nicop import diagnose as diagnose_module
+    from nicop import status as status_module
+
+    if output not in ("table", "json", "yaml"):
+        raise _fail(f"--output must be table, json or yaml, not {output!r}")
+    try:
+        target = diagnose_module.Target.parse(kind, name)
+    except ValueError as e:
+        raise _fail(str(e)) from None
+    try:
+        snap = status_module.read_cluster(
+            kubeconfig, lambda client: diagnose_module.collect(client, namespace, target))
+    except status_module.ClusterReadError as e:
+        raise _agent_fail(str(e)) from None
+    checks = diagnose_module.diagnose(snap, target)
+    result = diagnose_module.report(snap, target, checks)
+    if output == "table":
+        console.print(diagnose_module.render(result))
+    else:
+        _print_data(result, output)
+    if diagnose_module.failed(checks):
+        raise typer.Exit(1)
+
+
+# --- SR-IOV config daemon: applies the node's SriovNetworkNodeState to the host ----------------
+
+@app.command("sriov-config-daemon")
+def sriov_config_daemon(
+    node_name: Annotated[
+        str, typer.Option(envvar="NODE_NAME", help="This node (its SriovNetworkNodeState).")
+    ] = "",
+    namespace: Annotated[
+        str, typer.Option(envvar="NAMESPACE", help="Namespace of the node states (the operator's).")
+    ] = "nvidia-network-operator",
+    kubeconfig: Annotated[
+        Path | None, typer.Option(envvar="KUBECONFIG", help="Kubeconfig; in-cluster when unset.")
+    ] = None,
+    host_root: HostRoot = Path("/"),
+    resync_interval: Annotated[
+        float, typer.Option(min=0.1, help="Seconds between checks of the host for drift.")
+    ] = 30.0,
+    max_attempts: Annotated[
+        int, typer.Option(min=1, help="Tries of one configuration before syncStatus Failed.")
+    ] = 3,
+    retry_delay: Annotated[
+        float, typer.Option(min=0.0, help="Seconds before the second try; doubles each time.")
+    ] = 2.0,
+    failed_retry_interval: Annotated[
+        float, typer.Option(min=0.1, help="Seconds before a Failed configuration is tried "
+                            "again (a changed spec is tried at once).")
+    ] = 120.0,
+    drain_timeout: Annotated[
+        float, typer.Option(min=1.0, help="Seconds to wait for the node's drain.")
+    ] = 900.0,
+    pf_recorder: Annotated[
+        Path | None,
+        typer.Option(help="Read the VFs' VLANs from the cni-daemon's recorder directory "
+                     "instead of the PFs (nodes without SR-IOV hardware)."),
+    ] = None,
+    log_format: LogFormat = "text",
+) -> None:
+    """Configure this node's SR-IOV PFs and VFs as its SriovNetworkNodeState asks (drop-in for
+    sriov-network-config-daemon); reports Failed with the PF and the step instead of retrying
+    forever."""
+    import asyncio
+
+    from nicop.kube.client import ApiClient
+    from nicop.node.host import Host
+    from nicop.node.sriov_daemon import DaemonOptions, SriovConfigDaemon, VfVlan
+
+    if not node_name:
+        raise _fail("the node's name is needed: set NODE_NAME or --node-name")
+    vf_vlan: VfVlan | None = None
+    if pf_recorder is not None:
+        from nicop.cni.vf import RecordingVfControl
+
+        recorder = RecordingVfControl(pf_recorder)
+
+        def vf_vlan(pf: str, vf: int) -> int | None:
+            return recorder.get(pf, vf).vlan
+    options = DaemonOptions(
+        node_name=node_name, namespace=namespace, resync_interval=resync_interval,
+        max_attempts=max_attempts, retry_delay=retry_delay,
+        failed_retry_interval=failed_retry_interval, drain_timeout=drain_timeout,
+    )
+
+    async def main(stop: asyncio.Event) -> None:
+        client = ApiClient(kubeconfig)
+        try:
+            await SriovConfigDaemon(client, Host(host_root), options, vf_vlan=vf_vlan).run(stop)
+        finally:
+            await client.close()
+
+    _run_agent(main, log_format)

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import Counter
+
 from nicop import logs
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.events import EventRecorder
@@ -26,6 +28,9 @@ from nicop.operator.policy import NCP, POLICY_NAME
 from nicop.operator.states.ofed import DRIVER_LABEL
 
 log = logging.getLogger(__name__)
+
+TRANSITIONS = Counter("nicop_upgrade_transitions_total",
+                      "Driver upgrade state changes of nodes, by new state", ["state"])
 
 STATE_LABEL = "nvidia.com/ofed-driver-upgrade-state"
 SKIP_LABEL = "nvidia.com/ofed-driver-upgrade.skip"
@@ -364,6 +369,7 @@ class UpgradeController:
                    annotations: Mapping[str, str | None] | None = None) -> bool:
         log.info("%s -> %s", view.state or "unknown", state, extra=logs.about("Node", view.name))
         await self._patch(view, labels={STATE_LABEL: state}, annotations=annotations or {})
+        TRANSITIONS.labels(state).inc()
         return True
 
     async def _patch(self, view: NodeView, *, labels: Mapping[str, str | None] | None = None,

@@ -1,0 +1,102 @@
+"""What the operator benchmarks share: a big local cluster, the operator process, its metrics."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from lightkube.generic_resource import create_global_resource
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace
+
+from nicop.api.install import install_crds
+from nicop.sim.cluster import LocalCluster, free_port
+
+NCP = create_global_resource("mellanox.com", "v1alpha1", "NicClusterPolicy",
+                             "nicclusterpolicies")
+SAMPLE = re.compile(r'^(\w+)\{([^}]*)\} ([0-9.e+-]+)$')
+
+
+@contextmanager
+def cluster_with_operator(tmp: Path, nodes: int, profiles: list[str]) -> Iterator[Operator]:
+    cluster = LocalCluster(tmp / "cluster")
+    t = time.monotonic()
+    cluster.up(nodes=nodes, profiles=profiles, die_with_parent=True)
+    print(f"cluster with {nodes} nodes up in {time.monotonic() - t:.1f}s")
+    try:
+        client = cluster.client()
+        install_crds(client)
+        client.create(Namespace(metadata=ObjectMeta(name="nvidia-network-operator")))
+        op = Operator(cluster, tmp / "operator.log")
+        try:
+            yield op
+        finally:
+            op.stop()
+    finally:
+        cluster.down()
+
+
+class Operator:
+    def __init__(self, cluster: LocalCluster, log: Path) -> None:
+        self.cluster = cluster
+        self.client: Any = cluster.client()
+        self.port = free_port()
+        self._log = open(log, "wb")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "nicop", "operator", "--kubeconfig", str(cluster.kubeconfig),
+             "--health-port", str(self.port), "--no-leader-elect"],
+            stdout=self._log, stderr=subprocess.STDOUT,
+        )
+        while self.get("/readyz")[0] != 200:
+            time.sleep(0.1)
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except OSError:
+            return 0, ""
+
+    def metrics(self) -> dict[tuple[str, str], float]:
+        """(metric name, its labels as written) -> value."""
+        found = {}
+        for line in self.get("/metrics")[1].splitlines():
+            if m := SAMPLE.match(line):
+                found[m.group(1), m.group(2)] = float(m.group(3))
+        return found
+
+    def requests_by_verb(self) -> dict[str, int]:
+        by_verb: dict[str, int] = {}
+        for (name, labels), value in self.metrics().items():
+            if name == "nicop_api_requests_total":
+                verb = re.search(r'verb="([^"]+)"', labels)
+                assert verb
+                by_verb[verb.group(1)] = by_verb.get(verb.group(1), 0) + int(value)
+        return dict(sorted(by_verb.items()))
+
+    def peak_rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def wait_policy(self, state: str = "ready", timeout: float = 1800) -> float:
+        start = time.monotonic()
+        while (self.client.get(NCP, "nic-cluster-policy").get("status") or {}).get(
+                "state") != state:
+            if time.monotonic() - start > timeout:
+                raise SystemExit(f"policy not {state} after {timeout}s")
+            time.sleep(0.5)
+        return time.monotonic() - start
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+        self._log.close()
