@@ -1,0 +1,53 @@
+"""What the two device plugin states share: the config ConfigMap and the plugin DaemonSet."""
+
+from __future__ import annotations
+
+from nicop.kube.resources import Obj
+from nicop.operator.states.base import (
+    AFTER_DRIVER,
+    Context,
+    config_map,
+    container,
+    daemonset,
+    host_path,
+    image,
+    json_config,
+)
+
+
+def device_plugin(
+    ctx: Context,
+    spec: Obj,
+    path: str,
+    *,
+    name: str,
+    container_name: str,
+    app: str,
+    config_map_name: str,
+    config_dir: str,
+    host_dirs: dict[str, str],
+    args: list[str],
+) -> list[Obj]:
+    """The plugin's ConfigMap (from the section's JSON `config`) and its DaemonSet, which starts
+    only where the driver is ready and rolls when the config changes."""
+    config = json_config(spec, path)
+    objects = []
+    volumes, mounts = [], []
+    for volume_name, host in host_dirs.items():
+        volume, mount = host_path(volume_name, host)
+        volumes.append(volume)
+        mounts.append(mount)
+    if config is not None:
+        objects.append(config_map(ctx, config_map_name, {"config.json": spec["config"]}))
+        volumes.append({"name": "config", "configMap": {"name": config_map_name, "items": [
+            {"key": "config.json", "path": "config.json"}]}})
+        mounts.append({"name": "config", "mountPath": config_dir})
+    if spec.get("useCdi"):
+        args = [*args, "--use-cdi"]
+    objects.append(daemonset(
+        ctx, name, spec,
+        [container(container_name, image(ctx, spec, path), spec, mounts=mounts,
+                   privileged=True, args=args)],
+        app=app, node_selector=AFTER_DRIVER, volumes=volumes, config=config,
+    ))
+    return objects
