@@ -780,10 +780,13 @@ def status(
 @app.command("diagnose")
 def diagnose(
     kind: Annotated[
-        str | None, typer.Argument(help="node or pod; leave out to check the whole cluster.")
+        str | None,
+        typer.Argument(metavar="node|pod",
+                       help="node or pod; leave out to check the whole cluster."),
     ] = None,
     name: Annotated[
-        str | None, typer.Argument(help="NAME of the node, or NAMESPACE/NAME of the pod.")
+        str | None,
+        typer.Argument(metavar="NAME", help="NAME of the node, or NAMESPACE/NAME of the pod."),
     ] = None,
     output: OutputFormat = "table",
     kubeconfig: StatusKubeconfig = None,
@@ -850,6 +853,10 @@ def sriov_config_daemon(
         typer.Option(help="Read the VFs' VLANs from the cni-daemon's recorder directory "
                      "instead of the PFs (nodes without SR-IOV hardware)."),
     ] = None,
+    sim_host: Annotated[
+        bool, typer.Option(help="--host-root is a simulated node (nicop sim-host build): "
+                           "writes to sriov_numvfs create VFs there as the kernel would.")
+    ] = False,
     log_format: LogFormat = "text",
 ) -> None:
     """Configure this node's SR-IOV PFs and VFs as its SriovNetworkNodeState asks (drop-in for
@@ -880,7 +887,8 @@ def sriov_config_daemon(
     async def main(stop: asyncio.Event) -> None:
         client = ApiClient(kubeconfig)
         try:
-            await SriovConfigDaemon(client, Host(host_root), options, vf_vlan=vf_vlan).run(stop)
+            host = hardware.SimulatedHost(host_root) if sim_host else Host(host_root)
+            await SriovConfigDaemon(client, host, options, vf_vlan=vf_vlan).run(stop)
         finally:
             await client.close()
 

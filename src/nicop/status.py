@@ -1,0 +1,715 @@
+"""`nicop status`: the state of the whole stack in one read, for people and for scripts.
+
+Three steps, kept apart so each can be tested without a cluster: `collect` reads every object
+it needs once into a plain snapshot of dicts; `summarize` turns a snapshot into the documented
+status (docs/status-schema.json, what `-o json` prints); `render` draws that status with rich.
+`nicop diagnose` runs its checks on the same snapshot and reuses the helpers below, so both
+commands always agree on what "allocatable", "in use" or "driver ready" mean.
+
+The driver's readiness file (/run/mellanox/drivers/.driver-ready) lives on the node, out of the
+API's sight; its startup probe ties the driver container's Ready to that file, so the container's
+Ready is what is reported as "driver ready".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from nicop.kube.client import ApiClient, ApiError
+from nicop.kube.resources import DAEMONSET, LEASE, NETWORK_ATTACHMENT_DEFINITION, NODE, POD, Obj
+from nicop.kube.resources import Resource as Kind
+from nicop.operator import nodes as node_rules
+from nicop.operator import upgrade
+from nicop.operator.ipam import CIDRPOOL, IPPOOL
+from nicop.operator.policy import NCP, POLICY_NAME, upgrade_progress
+from nicop.operator.run import LEASE_NAME
+from nicop.operator.states import ofed
+from nicop.operator.states.base import MELLANOX_LABEL, MOFED_WAIT_LABEL, STATE_LABEL
+
+Snapshot = dict[str, Any]
+
+SCHEMA_VERSION = 1
+DEFAULT_NAMESPACE = "nvidia-network-operator"
+DRIVER_CONTAINER = "mofed-container"
+READY_FILE = ofed.READY_FILE
+SRIOV_NODE_STATE = Kind("sriovnetwork.openshift.io", "v1", "SriovNetworkNodeState",
+                        "sriovnetworknodestates")
+# Resources shown per node: the RDMA shared device plugin's default prefix and nvidia.com
+# (both device plugins as the operator configures them), but not the GPU operator's GPUs.
+RESOURCE_PREFIXES = ("rdma/", "nvidia.com/")
+EXCLUDED_RESOURCES = frozenset({"nvidia.com/gpu"})
+DEVICE_PLUGIN_STATES = {
+    "state-RDMA-device-plugin": ("rdmaSharedDevicePlugin", "configList", "rdma"),
+    "state-SRIOV-device-plugin": ("sriovDevicePlugin", "resourceList", "intel.com"),
+}
+OPERATOR_APP_NAMES = ("network-operator", "nicop")
+TERMINATED = ("Succeeded", "Failed")
+
+
+# ------------------------------------------------------------------ collection
+
+async def _list(client: ApiClient, kind: Kind, namespace: str | None, errors: list[str], *,
+                label_selector: str | None = None,
+                field_selector: str | None = None) -> list[Obj]:
+    """Objects of a kind; a kind the cluster does not serve (CRD not installed) is empty."""
+    try:
+        items, _ = await client.list(kind, namespace, label_selector=label_selector,
+                                     field_selector=field_selector)
+    except ApiError as e:
+        if e.code != 404:
+            where = f" in namespace {namespace}" if namespace and kind.namespaced else ""
+            errors.append(f"cannot list {kind.plural}{where}: {e.code} {e.reason}: {e.message}")
+        return []
+    return items
+
+
+async def collect(client: ApiClient, namespace: str, *, nads: bool = False) -> Snapshot:
+    """Read everything status and diagnose look at, concurrently, into a snapshot of dicts.
+
+    Pods are read across all namespaces (without finished ones): "in use" is the sum of what
+    every running pod on a node requests, whoever owns it.
+    """
+    errors: list[str] = []
+    lease: Obj | None
+    try:
+        lease = await client.get_or_none(LEASE, LEASE_NAME, namespace)
+    except ApiError as e:
+        errors.append(f"cannot read Lease {namespace}/{LEASE_NAME}: {e.code} {e.reason}")
+        lease = None
+    running = ",".join(f"status.phase!={p}" for p in TERMINATED)
+    reads = [
+        _list(client, NODE, None, errors),
+        _list(client, POD, None, errors, field_selector=running),
+        _list(client, NCP, None, errors),
+        _list(client, DAEMONSET, namespace, errors, label_selector=STATE_LABEL),
+        _list(client, SRIOV_NODE_STATE, None, errors),
+        _list(client, IPPOOL, namespace, errors),
+        _list(client, CIDRPOOL, namespace, errors),
+    ]
+    if nads:
+        reads.append(_list(client, NETWORK_ATTACHMENT_DEFINITION, None, errors))
+    results = await asyncio.gather(*reads)
+    snap: Snapshot = {
+        "collectedAt": _now(),
+        "namespace": namespace,
+        "lease": lease,
+        "nodes": results[0],
+        "pods": results[1],
+        "policies": results[2],
+        "daemonSets": results[3],
+        "nodeStates": results[4],
+        "ipPools": results[5],
+        "cidrPools": results[6],
+        "errors": errors,
+    }
+    if nads:
+        snap["nads"] = results[7]
+    return snap
+
+
+class ClusterReadError(Exception):
+    """The cluster could not be read: no kubeconfig, API server unreachable, access denied."""
+
+
+def read_cluster(kubeconfig: str | Path | None,
+                 collect: Callable[[ApiClient], Awaitable[Snapshot]]) -> Snapshot:
+    """Run an async `collect(client)` with a client of the cluster (for the CLI)."""
+    import httpx2
+    from lightkube.core.exceptions import ConfigError
+
+    async def main() -> Snapshot:
+        client = ApiClient(kubeconfig)
+        try:
+            return await collect(client)
+        finally:
+            await client.close()
+
+    try:
+        return asyncio.run(main())
+    except httpx2.TransportError as e:
+        raise ClusterReadError(f"cannot reach the API server: {e}") from None
+    except (ConfigError, ApiError, OSError) as e:
+        raise ClusterReadError(str(e)) from None
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str | None) -> datetime.datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+# ------------------------------------------------------------------ helpers shared with diagnose
+
+def name_of(obj: Obj) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+def labels_of(obj: Obj) -> dict[str, str]:
+    return (obj.get("metadata") or {}).get("labels") or {}
+
+
+def policy_of(snap: Snapshot) -> Obj | None:
+    """The NicClusterPolicy the operator acts on (only `nic-cluster-policy` is)."""
+    return next((p for p in snap.get("policies") or [] if name_of(p) == POLICY_NAME), None)
+
+
+def quantity(value: Any) -> int:
+    """An extended-resource quantity as a device count (they are whole numbers)."""
+    text = str(value).strip()
+    factors = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "k": 1000, "M": 10**6, "G": 10**9}
+    for suffix, factor in factors.items():
+        if text.endswith(suffix):
+            try:
+                return int(float(text[: -len(suffix)]) * factor)
+            except ValueError:
+                return 0
+    try:
+        return int(float(text))
+    except ValueError:
+        return 0
+
+
+def pod_requests(pod: Obj) -> dict[str, int]:
+    """What a pod takes from its node, as the scheduler counts it: the containers' requests
+    added up, or the largest init container's if that is more (limits stand in for requests,
+    as the API server defaults them for extended resources)."""
+    spec = pod.get("spec") or {}
+
+    def of(container: Obj) -> dict[str, int]:
+        resources = container.get("resources") or {}
+        wanted = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        return {k: quantity(v) for k, v in wanted.items()}
+
+    total: dict[str, int] = defaultdict(int)
+    for c in spec.get("containers") or []:
+        for k, v in of(c).items():
+            total[k] += v
+    for c in spec.get("initContainers") or []:
+        for k, v in of(c).items():
+            total[k] = max(total[k], v)
+    return dict(total)
+
+
+def is_device_resource(name: str) -> bool:
+    return name.startswith(RESOURCE_PREFIXES) and name not in EXCLUDED_RESOURCES
+
+
+def pods_on(snap: Snapshot, node: str) -> list[Obj]:
+    return [p for p in snap.get("pods") or []
+            if (p.get("spec") or {}).get("nodeName") == node
+            and (p.get("status") or {}).get("phase") not in TERMINATED]
+
+
+def in_use(snap: Snapshot, node: str, exclude_uid: str | None = None) -> dict[str, int]:
+    """Requests of the non-terminated pods bound to a node, by resource."""
+    used: dict[str, int] = defaultdict(int)
+    for pod in pods_on(snap, node):
+        if exclude_uid and (pod.get("metadata") or {}).get("uid") == exclude_uid:
+            continue
+        for k, v in pod_requests(pod).items():
+            used[k] += v
+    return dict(used)
+
+
+def configured_resources(policy: Obj | None) -> dict[str, list[str]]:
+    """The resource names each device plugin of the policy advertises, by state name."""
+    out: dict[str, list[str]] = {}
+    spec = (policy or {}).get("spec") or {}
+    for state, (section, key, default_prefix) in DEVICE_PLUGIN_STATES.items():
+        plugin = spec.get(section)
+        if not isinstance(plugin, dict):
+            continue
+        try:
+            config = json.loads(plugin.get("config") or "{}")
+        except ValueError:
+            config = {}
+        names = []
+        for entry in (config.get(key) if isinstance(config, dict) else None) or []:
+            if isinstance(entry, dict) and entry.get("resourceName"):
+                prefix = entry.get("resourcePrefix") or default_prefix
+                names.append(f"{prefix}/{entry['resourceName']}")
+        out[state] = names
+    return out
+
+
+def node_resources(snap: Snapshot, node: Obj, extra: Iterable[str] = ()) -> list[Obj]:
+    """Device resources of a node: capacity, allocatable and in use, by name."""
+    status = node.get("status") or {}
+    capacity = status.get("capacity") or {}
+    allocatable = status.get("allocatable") or {}
+    used = in_use(snap, name_of(node))
+    names = {n for n in (*capacity, *allocatable, *used) if is_device_resource(n)}
+    names.update(extra)
+    return [
+        {"name": n, "capacity": quantity(capacity.get(n, 0)),
+         "allocatable": quantity(allocatable.get(n, 0)), "inUse": used.get(n, 0)}
+        for n in sorted(names)
+    ]
+
+
+def container_status(pod: Obj, name: str) -> Obj | None:
+    for c in (pod.get("status") or {}).get("containerStatuses") or []:
+        if c.get("name") == name:
+            return c  # type: ignore[no-any-return]
+    return None
+
+
+def container_problem(status: Obj | None) -> str | None:
+    """Why a container is not running well, in the kubelet's words (CrashLoopBackOff, ...)."""
+    if status is None:
+        return "no status yet"
+    state = status.get("state") or {}
+    if waiting := state.get("waiting"):
+        reason = waiting.get("reason") or "Waiting"
+        return f"{reason}: {waiting['message']}" if waiting.get("message") else str(reason)
+    if terminated := state.get("terminated"):
+        why = terminated.get("reason") or f"exit {terminated.get('exitCode')}"
+        return f"terminated ({why})"
+    last = (status.get("lastState") or {}).get("terminated")
+    if last and not status.get("ready"):
+        return f"last exit: {last.get('reason') or last.get('exitCode')}"
+    return None
+
+
+def owner_name(pod: Obj, kind: str) -> str | None:
+    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("kind") == kind:
+            return str(ref.get("name"))
+    return None
+
+
+def driver_pod(snap: Snapshot, node: str) -> Obj | None:
+    """The driver pod of a node (pods labelled nvidia.com/ofed-driver in the operator
+    namespace); a pod being deleted only when no other exists."""
+    pods = [p for p in pods_on(snap, node)
+            if (p.get("metadata") or {}).get("namespace") == snap["namespace"]
+            and ofed.DRIVER_LABEL in labels_of(p)]
+    pods.sort(key=lambda p: bool((p.get("metadata") or {}).get("deletionTimestamp")))
+    return pods[0] if pods else None
+
+
+def image_tag(image: str) -> str:
+    if "@" in image:
+        return image.split("@", 1)[1]
+    last = image.rsplit("/", 1)[-1]
+    return last.split(":", 1)[1] if ":" in last else "latest"
+
+
+def driver_version(image: str, node: Obj) -> str:
+    """The driver version in a driver image: its tag without the `-<os><version>-<arch>`
+    suffix the operator adds (and the kernel of a precompiled image)."""
+    tag = image_tag(image)
+    if tag.startswith("sha256:"):
+        return tag
+    labels = labels_of(node)
+    suffix = (f"-{labels.get(ofed.OS_LABEL, '')}{labels.get(ofed.OS_VERSION_LABEL, '')}"
+              f"-{labels.get(ofed.ARCH_LABEL, 'amd64')}")
+    if tag.endswith(suffix):
+        tag = tag[: -len(suffix)]
+        kernel = labels.get(ofed.KERNEL_LABEL)
+        if kernel and tag.endswith(f"-{kernel}"):
+            tag = tag[: -len(kernel) - 1]
+    return tag
+
+
+def driver_of(snap: Snapshot, node: Obj) -> Obj | None:
+    pod = driver_pod(snap, name_of(node))
+    if pod is None:
+        return None
+    container = next((c for c in (pod.get("spec") or {}).get("containers") or []
+                      if c.get("name") == DRIVER_CONTAINER), None)
+    image = str((container or {}).get("image", ""))
+    status = container_status(pod, DRIVER_CONTAINER)
+    ready = bool(status and status.get("ready")) and not (
+        (pod.get("metadata") or {}).get("deletionTimestamp"))
+    return {
+        "pod": name_of(pod),
+        "image": image,
+        "version": driver_version(image, node) if image else "",
+        "ready": ready,
+        "restarts": int((status or {}).get("restartCount", 0)),
+        "problem": None if ready else container_problem(status),
+    }
+
+
+def node_state_of(snap: Snapshot, node: str) -> Obj | None:
+    """The SriovNetworkNodeState of a node (named after it), preferring the operator's
+    namespace."""
+    states = [s for s in snap.get("nodeStates") or [] if name_of(s) == node]
+    states.sort(key=lambda s: (s.get("metadata") or {}).get("namespace") != snap["namespace"])
+    return states[0] if states else None
+
+
+def sriov_of(state: Obj | None) -> Obj | None:
+    if state is None:
+        return None
+    status = state.get("status") or {}
+    wanted = sum(int(i.get("numVfs") or 0) for i in (state.get("spec") or {}).get("interfaces")
+                 or [])
+    configured = sum(len(i.get("Vfs") or []) for i in status.get("interfaces") or [])
+    return {
+        "syncStatus": status.get("syncStatus") or None,
+        "lastSyncError": status.get("lastSyncError") or None,
+        "vfsConfigured": configured,
+        "vfsWanted": wanted,
+    }
+
+
+def node_ready(node: Obj) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (node.get("status") or {}).get("conditions") or [])
+
+
+def has_mellanox_nic(node: Obj) -> bool:
+    """Whether NFD found a Mellanox NIC: the operator's label, or NFD's class+vendor label."""
+    labels = labels_of(node)
+    return labels.get(MELLANOX_LABEL) == "true" or any(
+        node_rules.CLASS_VENDOR_LABEL.match(k) and v for k, v in labels.items())
+
+
+def leader_of(snap: Snapshot) -> Obj | None:
+    """The operator's leader from its Lease; `active` while the lease has not run out."""
+    lease = snap.get("lease")
+    if not lease:
+        return None
+    spec = lease.get("spec") or {}
+    identity = spec.get("holderIdentity") or ""
+    if not identity:
+        return None
+    duration = int(spec.get("leaseDurationSeconds") or 15)
+    renewed = parse_time(spec.get("renewTime") or spec.get("acquireTime"))
+    now = parse_time(snap.get("collectedAt")) or datetime.datetime.now(datetime.UTC)
+    age = (now - renewed).total_seconds() if renewed else None
+    return {
+        "identity": identity,
+        "renewTime": spec.get("renewTime"),
+        "leaseDurationSeconds": duration,
+        "secondsSinceRenewal": None if age is None else max(0, round(age)),
+        "active": age is not None and age <= duration,
+    }
+
+
+def operator_pods(snap: Snapshot) -> list[Obj]:
+    """Pods of the operator: labelled as its Deployment labels them, or named by the lease
+    holder (a pod's hostname is its name; identities are `<hostname>_<suffix>` or the name)."""
+    leader = leader_of(snap)
+    holder = (leader or {}).get("identity", "")
+    out = []
+    for pod in snap.get("pods") or []:
+        meta = pod.get("metadata") or {}
+        if meta.get("namespace") != snap["namespace"]:
+            continue
+        name = str(meta.get("name"))
+        labelled = labels_of(pod).get("app.kubernetes.io/name") in OPERATOR_APP_NAMES
+        is_holder = bool(holder) and (holder == name or holder.startswith(name + "_"))
+        if labelled or is_holder:
+            out.append(pod)
+    return out
+
+
+def pod_ready(pod: Obj) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+# ------------------------------------------------------------------ summary
+
+def summarize(snap: Snapshot) -> Obj:
+    """The documented status of a snapshot (docs/status-schema.json)."""
+    policy = policy_of(snap)
+    configured = configured_resources(policy)
+    expected = sorted({n for names in configured.values() for n in names})
+    leader = leader_of(snap)
+    nodes = sorted(snap.get("nodes") or [], key=name_of)
+    return {
+        "schemaVersion": SCHEMA_VERSION,
+        "collectedAt": snap["collectedAt"],
+        "namespace": snap["namespace"],
+        "operator": {
+            "leader": leader,
+            "pods": [_operator_pod(p, leader) for p in operator_pods(snap)],
+        },
+        "policy": summarize_policy(policy) if policy else None,
+        "ignoredPolicies": sorted(name_of(p) for p in snap.get("policies") or []
+                                  if name_of(p) != POLICY_NAME),
+        "nodes": [_node(snap, n, expected) for n in nodes],
+        "ipamPools": _pools(snap),
+        "driverUpgrade": upgrade_progress(nodes),
+        "errors": list(snap.get("errors") or []),
+    }
+
+
+def _operator_pod(pod: Obj, leader: Obj | None) -> Obj:
+    name = name_of(pod)
+    identity = (leader or {}).get("identity", "")
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    problems = [p for c in statuses if not c.get("ready") and (p := container_problem(c))]
+    return {
+        "name": name,
+        "node": (pod.get("spec") or {}).get("nodeName"),
+        "phase": (pod.get("status") or {}).get("phase", "Unknown"),
+        "ready": pod_ready(pod),
+        "restarts": sum(int(c.get("restartCount", 0)) for c in statuses),
+        "leader": bool(identity) and (identity == name or identity.startswith(name + "_")),
+        "problem": problems[0] if problems else None,
+    }
+
+
+def summarize_policy(policy: Obj) -> Obj:
+    """The policy part of the status: state, components and the Ready message."""
+    status = policy.get("status") or {}
+    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    return {
+        "name": name_of(policy),
+        "state": status.get("state"),
+        "reason": status.get("reason"),
+        "generation": int((policy.get("metadata") or {}).get("generation", 0)),
+        "observedGeneration": status.get("observedGeneration"),
+        "message": (ready or {}).get("message"),
+        "components": [
+            {"name": a.get("name", ""), "state": a.get("state", ""),
+             "message": a.get("message") or None}
+            for a in status.get("appliedStates") or []
+        ],
+    }
+
+
+def _node(snap: Snapshot, node: Obj, expected: list[str]) -> Obj:
+    name = name_of(node)
+    labels = labels_of(node)
+    managed = node_rules.is_managed(node)
+    return {
+        "name": name,
+        "ready": node_ready(node),
+        "mellanoxNic": has_mellanox_nic(node),
+        "managed": managed,
+        "unmanagedReason": node_rules.unmanaged_reason(node),
+        "driver": driver_of(snap, node),
+        "upgradeState": labels.get(upgrade.STATE_LABEL),
+        "mofedWait": labels.get(MOFED_WAIT_LABEL),
+        "resources": node_resources(snap, node, expected if managed else ()),
+        "sriov": sriov_of(node_state_of(snap, name)),
+    }
+
+
+def _pools(snap: Snapshot) -> list[Obj]:
+    """Each IPPool and CIDRPool with the usage its nodes' CNI daemons publish."""
+    from nicop.cni.daemon import node_usage  # the daemon module pulls in netlink: read late
+
+    usage = {name_of(n): node_usage(n) for n in snap.get("nodes") or []}
+    out = []
+    for kind, pools, network_field in (("IPPool", snap.get("ipPools") or [], "subnet"),
+                                       ("CIDRPool", snap.get("cidrPools") or [], "cidr")):
+        for pool in sorted(pools, key=name_of):
+            name = name_of(pool)
+            blocks = (pool.get("status") or {}).get("allocations") or []
+            nodes: list[Obj] = []
+            for block in sorted(blocks, key=lambda b: str(b.get("nodeName"))):
+                node = str(block.get("nodeName"))
+                used = (usage.get(node) or {}).get(name) or {}
+                nodes.append({
+                    "name": node,
+                    "block": block.get("prefix") or
+                    (f"{block.get('startIP')}-{block.get('endIP')}" if block.get("startIP")
+                     else None),
+                    "allocated": _int_or_none(used.get("allocated")),
+                    "size": _int_or_none(used.get("size")),
+                })
+            known = [n for n in nodes if n["allocated"] is not None]
+            allocated = sum(int(n["allocated"]) for n in known)
+            size = sum(int(n["size"] or 0) for n in known)
+            out.append({
+                "name": name,
+                "namespace": (pool.get("metadata") or {}).get("namespace"),
+                "kind": kind,
+                "network": (pool.get("spec") or {}).get(network_field),
+                "allocated": allocated if known else None,
+                "size": size if known else None,
+                "nodes": nodes,
+            })
+    return out
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# ------------------------------------------------------------------ rendering
+
+STATE_STYLE = {"ready": "green", "ignore": "dim", "notReady": "yellow", "error": "red"}
+
+
+def _table(*headers: str) -> Table:
+    """A borderless table whose long values wrap instead of being cut off."""
+    table = Table(box=None, pad_edge=False)
+    for header in headers:
+        table.add_column(header, overflow="fold")
+    return table
+
+
+def _yes(ok: bool, yes: str = "yes", no: str = "no") -> Text:
+    return Text(yes, style="green") if ok else Text(no, style="red")
+
+
+def _ago(seconds: int | None) -> str:
+    return "never" if seconds is None else f"{seconds}s ago"
+
+
+def render(status: Obj) -> RenderableType:
+    """The status as rich tables: operator, policy, nodes, IPAM pools, driver upgrade."""
+    parts: list[RenderableType] = []
+    parts.append(Text(f"nicop status  (namespace {status['namespace']}, "
+                      f"read at {status['collectedAt']})", style="bold"))
+    parts.extend(_render_operator(status))
+    parts.extend(_render_policy(status))
+    parts.extend(_render_nodes(status))
+    parts.extend(_render_pools(status))
+    parts.extend(_render_upgrade(status))
+    for error in status.get("errors") or []:
+        parts.append(Text(f"warning: {error}", style="yellow"))
+    return Group(*parts)
+
+
+def _render_operator(status: Obj) -> list[RenderableType]:
+    op = status["operator"]
+    leader = op["leader"]
+    if leader is None:
+        line = Text.from_markup("[red]no leader[/red]: nobody holds the operator's Lease")
+    elif not leader["active"]:
+        line = Text.from_markup(f"[red]leader lease expired[/red]: last held by "
+                                f"{escape(leader['identity'])}, renewed "
+                                f"{_ago(leader['secondsSinceRenewal'])}")
+    else:
+        line = Text.from_markup(f"leader [green]{escape(leader['identity'])}[/green] "
+                                f"(renewed {_ago(leader['secondsSinceRenewal'])})")
+    out: list[RenderableType] = [Text(""), Text("Operator", style="bold underline"), line]
+    if op["pods"]:
+        table = _table("pod", "node", "phase", "ready", "restarts", "leader", "problem")
+        for p in op["pods"]:
+            table.add_row(p["name"], p["node"] or "-", p["phase"], _yes(p["ready"]),
+                          str(p["restarts"]), "*" if p["leader"] else "",
+                          p["problem"] or "")
+        out.append(table)
+    else:
+        out.append(Text(f"no operator pod in namespace {status['namespace']}"
+                        + (" (the leader runs outside the cluster)" if leader else ""),
+                        style="dim"))
+    return out
+
+
+def _render_policy(status: Obj) -> list[RenderableType]:
+    out: list[RenderableType] = [Text(""), Text("NicClusterPolicy", style="bold underline")]
+    policy = status["policy"]
+    for name in status.get("ignoredPolicies") or []:
+        out.append(Text(f"NicClusterPolicy {name} is ignored: only {POLICY_NAME} is acted on",
+                        style="yellow"))
+    if policy is None:
+        out.append(Text(f"no NicClusterPolicy {POLICY_NAME}: nothing is deployed", style="red"))
+        return out
+    state = policy["state"] or "unknown"
+    line = Text.assemble(f"{policy['name']}: ", (state, STATE_STYLE.get(state, "yellow")))
+    observed = policy["observedGeneration"]
+    if observed is None or observed < policy["generation"]:
+        line.append(f"  (generation {policy['generation']} not yet processed by the operator)",
+                    style="yellow")
+    out.append(line)
+    table = _table("component", "state", "message")
+    for c in policy["components"]:
+        table.add_row(c["name"], Text(c["state"], style=STATE_STYLE.get(c["state"], "")),
+                      c["message"] or "")
+    out.append(table)
+    return out
+
+
+def _render_nodes(status: Obj) -> list[RenderableType]:
+    out: list[RenderableType] = [Text(""), Text("Nodes", style="bold underline")]
+    table = _table("node", "managed", "driver", "driver ready", "upgrade", "mofed.wait",
+                   "resources (allocatable / in use)", "VFs", "SR-IOV sync")
+    notes = []
+    for n in status["nodes"]:
+        driver = n["driver"]
+        if driver is None:
+            version: Text | str = "-"
+            ready: Text | str = "-"
+        else:
+            version = driver["version"] or driver["image"]
+            ready = _yes(driver["ready"], "yes", "no: " + (driver["problem"] or "not ready"))
+        resources = ", ".join(f"{r['name']} {r['allocatable']}/{r['inUse']}"
+                              for r in n["resources"]) or "-"
+        sriov = n["sriov"]
+        vfs = f"{sriov['vfsConfigured']}/{sriov['vfsWanted']}" if sriov else "-"
+        sync: Text | str = "-"
+        if sriov and sriov["syncStatus"]:
+            sync = Text(sriov["syncStatus"], style={"Succeeded": "green", "Failed": "red"}.get(
+                sriov["syncStatus"], "yellow"))
+        if n["managed"]:
+            managed = Text("yes", style="green")
+        elif n["unmanagedReason"]:
+            managed = Text("no (see below)", style="red")
+        else:
+            managed = Text("no", style="dim")
+        wait = n["mofedWait"] or "-"
+        table.add_row(n["name"] + ("" if n["ready"] else " (NotReady)"), managed, version,
+                      ready, n["upgradeState"] or "-",
+                      Text(wait, style="yellow") if wait == "true" else wait, resources, vfs,
+                      sync)
+        if n["unmanagedReason"]:
+            notes.append(Text(n["unmanagedReason"], style="red"))
+        if sriov and sriov["lastSyncError"]:
+            notes.append(Text(f"node {n['name']}: SR-IOV sync error: {sriov['lastSyncError']}",
+                              style="red"))
+    out.append(table)
+    out.extend(notes)
+    if any(n["driver"] is not None for n in status["nodes"]):
+        out.append(Text(f"driver ready = container {DRIVER_CONTAINER} Ready; its startup probe "
+                        f"checks {READY_FILE} on the node, which the API cannot show",
+                        style="dim"))
+    return out
+
+
+def _render_pools(status: Obj) -> list[RenderableType]:
+    pools = status["ipamPools"]
+    if not pools:
+        return []
+    table = _table("pool", "kind", "network", "allocated / size", "nodes")
+    for p in pools:
+        used = ("-" if p["allocated"] is None else f"{p['allocated']}/{p['size']}")
+        per_node = ", ".join(
+            f"{n['name']} {n['allocated']}/{n['size']}" if n["allocated"] is not None
+            else f"{n['name']} (no usage published)" for n in p["nodes"]) or "no blocks yet"
+        table.add_row(p["name"], p["kind"], p["network"] or "-", used, per_node)
+    return [Text(""), Text("IPAM pools", style="bold underline"), table]
+
+
+def _render_upgrade(status: Obj) -> list[RenderableType]:
+    progress = status["driverUpgrade"]
+    if not progress:
+        return []
+    line = Text(f"done {progress['done']}, in progress {progress['inProgress']}, "
+                f"waiting {progress['waiting']}, failed {progress['failed']}")
+    out: list[RenderableType] = [Text(""), Text("Driver upgrade", style="bold underline"), line]
+    if progress.get("inProgressNodes"):
+        out.append(Text("in progress: " + ", ".join(progress["inProgressNodes"])))
+    for failed in progress.get("failedNodes") or []:
+        out.append(Text(f"failed: {failed['name']}"
+                        + (f": {failed['reason']}" if failed.get("reason") else ""),
+                        style="red"))
+    return out
