@@ -34,6 +34,7 @@ NEW_DRIVER = "doca3.5.0-26.07-1.0.0.0-0"
 VFS_PER_PF = 4
 EXPECTED_RESOURCES = {"ib": {"nvidia.com/rdma"},
                       "eth": {"nvidia.com/rdma_roce", "nvidia.com/cx6dx_vf"}}
+BROKEN_POD = "rdma-wrong-name"
 WORKLOADS = {
     "rdma-test": {"nvidia.com/rdma": "1"},
     "sriov-test": {"nvidia.com/cx6dx_vf": "1", "nvidia.com/rdma_roce": "1"},
@@ -258,6 +259,33 @@ class Demo:
                            "were evicted from each node before its driver restarted:")
         self.show_pods()
 
+    def diagnose(self) -> None:
+        """A pod written for upstream's default resource name, which this policy does not use."""
+        import subprocess
+
+        from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
+        from lightkube.models.meta_v1 import ObjectMeta
+        from lightkube.resources.core_v1 import Pod
+
+        self.step("8. nicop diagnose explains a pod that cannot get RDMA")
+        wrong = {"rdma/hca_shared_devices_a": "1"}
+        self.console.print(f"  pod default/{BROKEN_POD} requests {wrong}")
+        self.client.apply(Pod(
+            metadata=ObjectMeta(name=BROKEN_POD, namespace="default"),
+            spec=PodSpec(containers=[Container(
+                name="app", image="mellanox/rping-test",
+                resources=ResourceRequirements(requests=wrong, limits=wrong))])),
+            field_manager="nicop-demo", force=True)
+        self.wait("waiting for the scheduler's verdict",
+                  partial(_failed_scheduling, self.client, BROKEN_POD), timeout=60)
+        self.console.print(f"  $ nicop diagnose pod default/{BROKEN_POD}")
+        result = subprocess.run(
+            [sys.executable, "-m", "nicop", "diagnose", "pod", f"default/{BROKEN_POD}",
+             "--kubeconfig", str(self.cluster.kubeconfig)],
+            capture_output=True, text=True, check=False)
+        for line in (result.stdout + result.stderr).rstrip().splitlines():
+            self.console.print(escape(f"  {line}"))
+
     def explore(self) -> None:
         self.step("Explore")
         bin_dir = self.cluster.bin_dir
@@ -296,6 +324,7 @@ def run(console: Console, nodes: int, profiles: list[str] | None, state_dir: Pat
     demo.start_device_plugins(managed)
     demo.run_pods()
     demo.upgrade_driver()
+    demo.diagnose()
     console.print(f"\nThe demo took {time.monotonic() - started:.0f}s.")
     demo.explore()
 
@@ -309,6 +338,13 @@ def _allocated(client: Any, app: str) -> Any:
         if annotated and pod.status.phase == "Running" and not pod.metadata.deletionTimestamp:
             return pod
     return None
+
+
+def _failed_scheduling(client: Any, name: str) -> bool:
+    from lightkube.resources.core_v1 import Event
+
+    return any(e.reason == "FailedScheduling" and e.involvedObject.name == name
+               for e in client.list(Event, namespace="default"))
 
 
 def show_nodes(console: Console, client: Any) -> None:
