@@ -240,6 +240,13 @@ class EmptyStatus(ApiModel):
     """Upstream keeps no status for this kind (a policy's outcome shows in the node states)."""
 
 
+class SriovNetworkNodePolicyStatus(ApiModel):
+    """nicop addition: whether the policy was accepted, and if not, which rule it breaks."""
+
+    conditions: Conditions = None
+    """Accepted: False names the policies it overlaps or the limit it exceeds."""
+
+
 class SriovNetworkNodePolicy(KubeObject):
     """Creates and exposes SR-IOV VFs on the PFs it selects, on the nodes it selects."""
 
@@ -254,7 +261,7 @@ class SriovNetworkNodePolicy(KubeObject):
     )
 
     spec: SriovNetworkNodePolicySpec
-    status: EmptyStatus | None = None
+    status: SriovNetworkNodePolicyStatus | None = None
 
 
 class NetworkStatus(ApiModel):

@@ -113,8 +113,11 @@ class Informer:
 
     def assume(self, obj: Obj) -> None:
         """Put the result of the caller's own write into the cache now, before the watch
-        delivers it, so the next reconcile does not act on what it already changed."""
-        self.store.put(obj)
+        delivers it, so the next reconcile does not act on what it already changed. A newer
+        version the watch already brought (someone else's later write) is kept."""
+        current = self.store.get(key_of(obj))
+        if current is None or not _older(obj, current):
+            self.store.put(obj)
 
     def _emit(self, event: str, obj: Obj, old: Obj | None) -> None:
         for handler in self._handlers:

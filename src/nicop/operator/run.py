@@ -15,6 +15,9 @@ from nicop.kube.manager import Manager
 from nicop.operator.ipam import IpamController
 from nicop.operator.networks import NetworkController
 from nicop.operator.policy import PolicyController
+from nicop.operator.sriov import SriovPolicyController
+from nicop.operator.sriov_drain import SriovDrainController
+from nicop.operator.sriov_networks import SriovNetworkController
 from nicop.operator.upgrade import UpgradeController
 
 LEASE_NAME = "12620820.mellanox.com"  # upstream's leader election ID, so only one of both runs
@@ -54,6 +57,9 @@ async def run(
     NetworkController(manager)
     UpgradeController(manager, namespace, recorder)
     IpamController(manager, namespace)
+    SriovPolicyController(manager, namespace, recorder)
+    SriovDrainController(manager, namespace, recorder)
+    SriovNetworkController(manager, namespace, recorder)
     # SIGTERM (a pod being stopped) ends the run cleanly, so the lease is handed over at once.
     task = asyncio.current_task()
     assert task is not None

@@ -1,0 +1,392 @@
+"""Drains for SR-IOV reconfiguration: the operator's half of the config daemon's handshake.
+
+A config daemon that must change VFs a running pod may hold asks for a drain by setting
+`sriovnetwork.openshift.io/desired-state` on its SriovNetworkNodeState (and
+`sriovnetwork.openshift.io/state` on its Node) to `Drain_Required` or `Reboot_Required`. This
+controller answers on `sriovnetwork.openshift.io/current-state`: `Draining` once the node is
+cordoned and its pods are being evicted, `DrainComplete` when they are gone, and `Idle` again
+(with the node uncordoned) once the daemon is back to `Idle`.
+
+A drain starts only while the node's SriovNetworkPoolConfig leaves room: a pool's
+`maxUnavailable` (an int or a percentage of its nodes, unset: no limit) counts its nodes that are
+`Draining` or `DrainComplete`; nodes in no pool share a default pool with maxUnavailable 1.
+`Drain_Required` evicts only pods that use an SR-IOV resource; `Reboot_Required` evicts every
+pod a drain may evict. Evictions go through the Eviction API, so PodDisruptionBudgets hold.
+
+The SriovOperatorConfig `default` is read here too: `disableDrain` (the handshake is answered
+without cordoning or evicting) and `logLevel` (0 info, 1 and 2 debug for the SR-IOV
+controllers).
+
+Where nicop does better than upstream: a node is cordoned only by this controller and only
+uncordoned by it (a node an admin cordoned stays cordoned), any node it cordoned is uncordoned as
+soon as its daemon is Idle, gone, or no longer configured, and a drain that cannot finish says
+which pod blocks it (annotation `nicop.io/sriov-drain-blocked`, read by the daemon for its
+`lastSyncError`, and an Event on the node).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from nicop import logs
+from nicop.api.sriovnetwork import GROUP, VERSION
+from nicop.kube.client import ApiClient, ApiError
+from nicop.kube.events import EventRecorder
+from nicop.kube.manager import Controller, Manager, Result
+from nicop.kube.resources import NODE, POD, Obj, Resource
+from nicop.operator.upgrade import _evictable, max_unavailable
+
+log = logging.getLogger(__name__)
+
+NODE_STATE = Resource(GROUP, VERSION, "SriovNetworkNodeState", "sriovnetworknodestates")
+OPERATOR_CONFIG = Resource(GROUP, VERSION, "SriovOperatorConfig", "sriovoperatorconfigs")
+POOL_CONFIG = Resource(GROUP, VERSION, "SriovNetworkPoolConfig", "sriovnetworkpoolconfigs")
+CONFIG_NAME = "default"
+
+# The handshake (upstream's annotation names and values).
+NODE_STATE_ANNOTATION = "sriovnetwork.openshift.io/state"  # on the Node, written by the daemon
+DESIRED_STATE = "sriovnetwork.openshift.io/desired-state"  # on the node state, by the daemon
+CURRENT_STATE = "sriovnetwork.openshift.io/current-state"  # on the node state, by the operator
+EXTERNAL_DRAINER = "sriovnetwork.openshift.io/use-external-drainer"
+IDLE = "Idle"
+DRAIN_REQUIRED = "Drain_Required"
+REBOOT_REQUIRED = "Reboot_Required"
+DRAINING = "Draining"
+DRAIN_COMPLETE = "DrainComplete"
+# nicop's additions: which nodes this controller cordoned, and what blocks a drain.
+CORDONED_ANNOTATION = "nicop.io/sriov-drain-cordoned"
+BLOCKED_ANNOTATION = "nicop.io/sriov-drain-blocked"
+
+DEFAULT_RESOURCE_PREFIX = "nvidia.com"  # what the NVIDIA Network Operator's chart sets
+RESOURCE_PREFIX_ENV = "RESOURCE_PREFIX"  # upstream's variable for it
+DEFAULT_POOL = ""  # nodes that match no SriovNetworkPoolConfig
+DEFAULT_POOL_MAX_UNAVAILABLE = 1
+POD_NODE_INDEX = "sriov-drain-node"
+ACTIVE_RECHECK = 1.0
+SRIOV_LOGGERS = ("nicop.operator.sriov", "nicop.operator.sriov_drain",
+                 "nicop.operator.sriov_networks")
+
+
+# ------------------------------------------------------------------------------ operator config
+
+def operator_config(configs: list[Obj], namespace: str) -> Obj | None:
+    """The SriovOperatorConfig `default` of the operator namespace, if any."""
+    return next((c for c in configs if c["metadata"]["name"] == CONFIG_NAME
+                 and c["metadata"].get("namespace") == namespace), None)
+
+
+def disable_drain(config: Obj | None) -> bool:
+    return bool(((config or {}).get("spec") or {}).get("disableDrain"))
+
+
+def apply_log_level(config: Obj | None) -> None:
+    """SriovOperatorConfig.spec.logLevel: 0 logs reconcile outcomes, 1 and 2 every step."""
+    level = ((config or {}).get("spec") or {}).get("logLevel")
+    wanted = logging.DEBUG if isinstance(level, int) and level > 0 else logging.NOTSET
+    for name in SRIOV_LOGGERS:
+        logging.getLogger(name).setLevel(wanted)
+
+
+# ------------------------------------------------------------------------------ pools
+
+def label_selector_matches(selector: Obj | None, labels: Mapping[str, str]) -> bool:
+    """A meta/v1 LabelSelector (matchLabels and matchExpressions) against labels.
+
+    An empty selector selects every node, as in Kubernetes.
+    """
+    selector = selector or {}
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for req in selector.get("matchExpressions") or []:
+        key, op, values = req.get("key", ""), req.get("operator"), req.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+class PoolError(Exception):
+    """A node matches more than one SriovNetworkPoolConfig; the message names them."""
+
+
+def pool_of(node: Obj, pools: list[Obj]) -> Obj | None:
+    """The SriovNetworkPoolConfig a node belongs to (None: the default pool).
+
+    Pools that only configure OVS offload (no nodeSelector) hold no nodes.
+    """
+    labels = node["metadata"].get("labels") or {}
+    matching = [p for p in pools if (p.get("spec") or {}).get("nodeSelector") is not None
+                and label_selector_matches(p["spec"]["nodeSelector"], labels)]
+    if len(matching) > 1:
+        names = ", ".join(sorted(p["metadata"]["name"] for p in matching))
+        raise PoolError(f"node {node['metadata']['name']} matches more than one "
+                        f"SriovNetworkPoolConfig ({names}); change their nodeSelectors so that "
+                        "each node is in at most one pool")
+    return matching[0] if matching else None
+
+
+def pool_limit(pool: Obj | None, size: int) -> int:
+    """How many of a pool's `size` nodes may be drained at once."""
+    if pool is None:
+        return DEFAULT_POOL_MAX_UNAVAILABLE
+    return max_unavailable((pool.get("spec") or {}).get("maxUnavailable"), size)
+
+
+# ------------------------------------------------------------------------------ pods
+
+def uses_resource(pod: Obj, prefix: str) -> bool:
+    """Whether a container of the pod requests a resource `<prefix>/...` (an SR-IOV VF)."""
+    spec = pod.get("spec") or {}
+    for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        res = c.get("resources") or {}
+        for section in ("requests", "limits"):
+            if any(k.startswith(prefix + "/") for k in res.get(section) or {}):
+                return True
+    return False
+
+
+def resource_prefix(given: str | None = None) -> str:
+    """The prefix of the SR-IOV resources: given, else $RESOURCE_PREFIX, else nvidia.com."""
+    return given or os.environ.get(RESOURCE_PREFIX_ENV) or DEFAULT_RESOURCE_PREFIX
+
+
+def _annotations(obj: Obj) -> dict[str, str]:
+    return obj["metadata"].get("annotations") or {}
+
+
+# ------------------------------------------------------------------------------ the controller
+
+class SriovDrainController:
+    """Answers the config daemons' drain requests within each pool's maxUnavailable."""
+
+    KEY = "sriov-drain"
+
+    def __init__(self, manager: Manager, namespace: str, recorder: EventRecorder, *,
+                 prefix: str | None = None) -> None:
+        self.client: ApiClient = manager.client
+        self.namespace = namespace
+        self.recorder = recorder
+        self.prefix = resource_prefix(prefix)
+        self.states = manager.informer(NODE_STATE, namespace)
+        self.nodes = manager.informer(NODE)
+        self.pools = manager.informer(POOL_CONFIG, namespace)
+        self.configs = manager.informer(OPERATOR_CONFIG, namespace)
+        self.pods = manager.informer(POD)
+        self.pods.store.add_index(POD_NODE_INDEX,
+                                  lambda p: [(p.get("spec") or {}).get("nodeName") or ""])
+        self.controller = manager.add(Controller("sriov-drain", self.reconcile))
+        for informer in (self.states, self.pools, self.configs):
+            informer.on_change(lambda ev, obj, old: self.controller.queue.add(self.KEY))
+        self.nodes.on_change(self._node_changed)
+        self.pods.on_change(self._pod_changed)
+        self._blocked_events: dict[str, str] = {}
+
+    def _node_changed(self, event: str, node: Obj, old: Obj | None) -> None:
+        if old is None or node["metadata"].get("labels") != old["metadata"].get("labels") \
+                or _annotations(node) != _annotations(old) or node.get("spec") != old.get("spec"):
+            self.controller.queue.add(self.KEY)
+
+    def _pod_changed(self, event: str, pod: Obj, old: Obj | None) -> None:
+        """Pods matter only on nodes being drained."""
+        node = (pod.get("spec") or {}).get("nodeName") or ""
+        state = self.states.store.get(f"{self.namespace}/{node}")
+        if state is not None and _annotations(state).get(CURRENT_STATE) == DRAINING:
+            self.controller.queue.add(self.KEY)
+
+    # ------------------------------------------------------------------ reconcile
+    async def reconcile(self, key: str) -> Result | None:
+        config = operator_config(self.configs.store.items(), self.namespace)
+        apply_log_level(config)
+        no_drain = disable_drain(config)
+        states = sorted(self.states.store.items(), key=lambda s: s["metadata"]["name"])
+        active = False
+        for state in states:
+            active |= await self._step(state, no_drain)
+        active |= await self._start_drains(no_drain)
+        await self._uncordon_orphans()
+        return Result(requeue_after=ACTIVE_RECHECK) if active else None
+
+    async def _step(self, state: Obj, no_drain: bool) -> bool:
+        """Move one node state along the handshake; True while a drain is under way."""
+        name = state["metadata"]["name"]
+        ann = _annotations(state)
+        desired, current = ann.get(DESIRED_STATE), ann.get(CURRENT_STATE)
+        if desired is None or current is None:
+            await self._annotate_state(state, {DESIRED_STATE: desired or IDLE,
+                                               CURRENT_STATE: current or IDLE})
+            return False
+        node = self.nodes.store.get(name)
+        if desired == IDLE:
+            if current != IDLE or ann.get(BLOCKED_ANNOTATION):
+                if node is not None:
+                    await self._uncordon(node)
+                log.info("daemon is Idle: %s -> Idle", current, extra=logs.about("Node", name))
+                await self._annotate_state(state, {CURRENT_STATE: IDLE, BLOCKED_ANNOTATION: None})
+            elif node is not None and _annotations(node).get(CORDONED_ANNOTATION):
+                await self._uncordon(node)
+            return False
+        if node is None:
+            return False
+        reboot = desired == REBOOT_REQUIRED
+        if current == DRAINING:
+            return await self._drain(state, node, reboot, no_drain)
+        if current == DRAIN_COMPLETE and reboot and not no_drain \
+                and self._to_evict(node, reboot) and not ann.get(EXTERNAL_DRAINER):
+            # Drained for Drain_Required, but the daemon now needs a reboot: drain everything.
+            await self._annotate_state(state, {CURRENT_STATE: DRAINING})
+            return True
+        return False
+
+    async def _start_drains(self, no_drain: bool) -> bool:
+        """Begin drains of waiting nodes while their pools leave room."""
+        pools = self.pools.store.items()
+        nodes = self.nodes.store.items()
+        pool_names: dict[str, str] = {}  # node -> pool name ("" = default pool)
+        problems: dict[str, str] = {}
+        for node in nodes:
+            try:
+                pool = pool_of(node, pools)
+            except PoolError as e:
+                problems[node["metadata"]["name"]] = str(e)
+                continue
+            pool_names[node["metadata"]["name"]] = pool["metadata"]["name"] if pool else ""
+        sizes: dict[str, int] = {}
+        for pool_name in pool_names.values():
+            sizes[pool_name] = sizes.get(pool_name, 0) + 1
+        busy: dict[str, int] = {}
+        waiting: list[Obj] = []
+        for state in sorted(self.states.store.items(), key=lambda s: s["metadata"]["name"]):
+            ann = _annotations(state)
+            name = state["metadata"]["name"]
+            if ann.get(CURRENT_STATE) in (DRAINING, DRAIN_COMPLETE):
+                pool_name = pool_names.get(name, DEFAULT_POOL)
+                busy[pool_name] = busy.get(pool_name, 0) + 1
+            elif ann.get(CURRENT_STATE) == IDLE and ann.get(DESIRED_STATE) in (
+                    DRAIN_REQUIRED, REBOOT_REQUIRED):
+                waiting.append(state)
+        by_name = {p["metadata"]["name"]: p for p in pools}
+        started = False
+        for state in waiting:
+            name = state["metadata"]["name"]
+            found = self.nodes.store.get(name)
+            if found is None:
+                continue
+            node = found
+            if name in problems:
+                await self._blocked(state, node, problems[name])
+                continue
+            if no_drain or _annotations(state).get(EXTERNAL_DRAINER) == "true":
+                log.info("drain skipped (%s)", "disableDrain" if no_drain else
+                         "external drainer", extra=logs.about("Node", name))
+                await self._annotate_state(state, {CURRENT_STATE: DRAIN_COMPLETE})
+                continue
+            pool_name = pool_names[name]
+            limit = pool_limit(by_name.get(pool_name), sizes.get(pool_name, 1))
+            if busy.get(pool_name, 0) >= limit:
+                log.debug("waiting: pool %r has %d of %d nodes draining", pool_name or "default",
+                          busy.get(pool_name, 0), limit, extra=logs.about("Node", name))
+                continue
+            busy[pool_name] = busy.get(pool_name, 0) + 1
+            await self._cordon(node)
+            log.info("draining for %s (pool %s, %d of %d)", _annotations(state)[DESIRED_STATE],
+                     pool_name or "default", busy[pool_name], limit,
+                     extra=logs.about("Node", name))
+            await self._annotate_state(state, {CURRENT_STATE: DRAINING})
+            started = True
+        return started
+
+    def _to_evict(self, node: Obj, reboot: bool) -> list[Obj]:
+        pods = self.pods.store.by_index(POD_NODE_INDEX, node["metadata"]["name"])
+        return [p for p in pods
+                if _evictable(p, "") and (reboot or uses_resource(p, self.prefix))]
+
+    async def _drain(self, state: Obj, node: Obj, reboot: bool, no_drain: bool) -> bool:
+        """Evict what must go; DrainComplete once it is gone. True while pods remain."""
+        name = node["metadata"]["name"]
+        if not (node.get("spec") or {}).get("unschedulable") and not no_drain:
+            await self._cordon(node)
+        blocked: list[str] = []
+        remaining = [] if no_drain else self._to_evict(node, reboot)
+        for pod in remaining:
+            m = pod["metadata"]
+            if m.get("deletionTimestamp"):
+                continue
+            try:
+                await self.client.evict(m["name"], m["namespace"])
+                log.debug("evicted %s/%s", m["namespace"], m["name"],
+                          extra=logs.about("Node", name))
+            except ApiError as e:
+                if e.code == 429:
+                    blocked.append(f"pod {m['namespace']}/{m['name']} (a PodDisruptionBudget "
+                                   "allows no disruption now)")
+                elif e.code != 404:
+                    blocked.append(f"pod {m['namespace']}/{m['name']} ({e.message})")
+        if not remaining:
+            log.info("drained", extra=logs.about("Node", name))
+            await self._annotate_state(state, {CURRENT_STATE: DRAIN_COMPLETE,
+                                               BLOCKED_ANNOTATION: None})
+            return False
+        if blocked:
+            await self._blocked(state, node, "eviction refused for " + ", ".join(blocked))
+        return True
+
+    async def _blocked(self, state: Obj, node: Obj, reason: str) -> None:
+        """Say once (annotation, Event) why the node's drain cannot go on."""
+        if _annotations(state).get(BLOCKED_ANNOTATION) == reason:
+            return
+        await self._annotate_state(state, {BLOCKED_ANNOTATION: reason})
+        name = node["metadata"]["name"]
+        if self._blocked_events.get(name) != reason:
+            self._blocked_events[name] = reason
+            log.warning("drain blocked: %s", reason, extra=logs.about("Node", name))
+            await self.recorder.emit(node, "Warning", "SriovDrainBlocked", reason)
+
+    async def _uncordon_orphans(self) -> None:
+        """Nodes this controller cordoned whose node state is gone, or has no drain to do."""
+        for node in self.nodes.store.items():
+            if not _annotations(node).get(CORDONED_ANNOTATION):
+                continue
+            state = self.states.store.get(f"{self.namespace}/{node['metadata']['name']}")
+            if state is None or _annotations(state).get(CURRENT_STATE) in (None, IDLE):
+                await self._uncordon(node)
+
+    # ------------------------------------------------------------------ writes
+    async def _cordon(self, node: Obj) -> None:
+        if (node.get("spec") or {}).get("unschedulable"):
+            return  # cordoned by someone else: it stays that way after the drain
+        await self._patch_node(node, {"spec": {"unschedulable": True}, "metadata": {
+            "annotations": {CORDONED_ANNOTATION: "true"}}})
+
+    async def _uncordon(self, node: Obj) -> None:
+        if not _annotations(node).get(CORDONED_ANNOTATION):
+            return
+        log.info("uncordoned", extra=logs.about("Node", node["metadata"]["name"]))
+        await self._patch_node(node, {"spec": {"unschedulable": None}, "metadata": {
+            "annotations": {CORDONED_ANNOTATION: None}}})
+
+    async def _patch_node(self, node: Obj, body: Obj) -> None:
+        updated = await self.client.patch(NODE, node["metadata"]["name"], body)
+        self.nodes.assume(updated)
+
+    async def _annotate_state(self, state: Obj, annotations: Mapping[str, Any]) -> None:
+        current = _annotations(state)
+        if all(current.get(k) == v for k, v in annotations.items()):
+            return
+        try:
+            updated = await self.client.patch(
+                NODE_STATE, state["metadata"]["name"],
+                {"metadata": {"annotations": dict(annotations)}}, self.namespace)
+        except ApiError as e:
+            if e.code == 404:
+                return
+            raise
+        self.states.assume(updated)
