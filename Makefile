@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test lint controlplane venv clean-cluster proto
+.PHONY: demo test lint controlplane helm venv clean-cluster proto crds
 
 $(INSTALLED): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -17,10 +17,14 @@ venv: $(INSTALLED)
 controlplane:
 	@hack/build-controlplane.sh >/dev/null
 
+# Builds helm (renders and tests the chart in deploy/helm/nicop) once per machine.
+helm:
+	@hack/build-helm.sh >/dev/null
+
 demo: $(INSTALLED) controlplane
 	$(VENV)/bin/nicop demo
 
-test: $(INSTALLED) controlplane lint
+test: $(INSTALLED) controlplane helm lint
 	$(PY) -m pytest
 
 lint: $(INSTALLED)
@@ -33,3 +37,8 @@ clean-cluster: $(INSTALLED)
 # Regenerates the kubelet device plugin gRPC code from src/nicop/node/deviceplugin/api.proto.
 proto: $(INSTALLED)
 	$(PY) -m nicop.node.deviceplugin.protogen
+
+# Regenerates deploy/crds from the API models and copies them into the Helm chart.
+crds: $(INSTALLED)
+	$(VENV)/bin/nicop crds generate
+	rm -f deploy/helm/nicop/crds/*.yaml && cp deploy/crds/*.yaml deploy/helm/nicop/crds/

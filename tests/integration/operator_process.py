@@ -58,9 +58,13 @@ class OperatorProcess:
         except OSError:
             return 0, ""
 
+    def leading(self) -> bool:
+        return "\nnicop_leader 1.0" in self.get("/metrics")[1]
+
     def wait_ready(self, timeout: float = 30) -> None:
+        """Until this process leads with its caches synced."""
         deadline = time.monotonic() + timeout
-        while self.get("/readyz")[0] != 200:
+        while not (self.get("/readyz")[0] == 200 and self.leading()):
             if self.proc.poll() is not None:
                 tail = self.log.read_text()[-3000:]
                 raise AssertionError(f"operator exited; see {self.log}:\n{tail}")

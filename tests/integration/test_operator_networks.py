@@ -110,7 +110,8 @@ def test_second_replica_takes_over_when_the_leader_dies(
     standby = OperatorProcess(kubeconfig, NAMESPACE, tmp_path / "standby.log")
     try:
         time.sleep(3)
-        assert standby.get("/readyz")[0] == 503, "a standby waits for the lease"
+        assert standby.get("/readyz")[0] == 200, "a standby is ready to take over"
+        assert not standby.leading(), "a standby waits for the lease"
         holder = client.get(Lease, "12620820.mellanox.com", namespace=NAMESPACE).spec.holderIdentity
         assert holder.endswith(f"_{operator.proc.pid}")
         operator.stop(signal.SIGKILL)  # no clean release: the lease must expire

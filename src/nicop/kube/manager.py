@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from nicop.kube.client import ApiClient
 from nicop.kube.informer import Informer
@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 RECONCILES = Counter("nicop_reconcile_total", "Reconciles by controller and result",
                      ["controller", "result"])
 RECONCILE_SECONDS = Histogram("nicop_reconcile_seconds", "Reconcile duration", ["controller"])
+LEADING = Gauge("nicop_leader", "1 while this process leads and reconciles (caches synced)")
 
 
 @dataclass
@@ -111,17 +112,24 @@ class Manager:
         return controller
 
     async def run(self) -> None:
-        """Serve health, wait for leadership, sync caches, then reconcile until cancelled."""
+        """Serve health, wait for leadership, sync caches, then reconcile until cancelled.
+
+        A standby waiting for the lease is ready (it is healthy and can take over), so a
+        Deployment of several replicas rolls; `nicop_leader` tells which one works.
+        """
         if self.health_address:
             self.server = await serve(*self.health_address, ready=lambda: self.ready)
         tasks: list[asyncio.Task[None]] = []
         try:
             if self.elector:
+                self.ready = True
                 await self.elector.acquire()
+                self.ready = False
                 tasks.append(asyncio.create_task(self.elector.keep()))
             tasks += [asyncio.create_task(i.run()) for i in self.informers.values()]
             await asyncio.gather(*(i.synced.wait() for i in self.informers.values()))
             self.ready = True
+            LEADING.set(1)
             log.info("caches synced; starting %d controllers", len(self.controllers))
             tasks += [asyncio.create_task(c.run()) for c in self.controllers]
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
@@ -129,6 +137,7 @@ class Manager:
                 task.result()  # re-raise (e.g. LostLeadership)
         finally:
             self.ready = False
+            LEADING.set(0)
             for task in tasks:
                 task.cancel()
             for task in tasks:

@@ -1,0 +1,639 @@
+"""The Helm chart in deploy/helm/nicop, rendered by the real helm (built from its Go module by
+hack/build-helm.sh) and judged by the real API server: every object it renders is accepted, the
+operator pod passes the restricted Pod Security Standard, and the chart's RBAC lets the operator
+do what its code does, write what its states render, and nothing it has no use for."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from lightkube import Client
+from lightkube.config.kubeconfig import KubeConfig
+from lightkube.core.exceptions import ApiError
+from lightkube.models.authorization_v1 import ResourceAttributes, SelfSubjectAccessReviewSpec
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
+from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import Namespace, Node
+from lightkube.resources.rbac_authorization_v1 import ClusterRole
+
+from nicop.kube.client import FIELD_MANAGER
+from nicop.operator import nodes as node_rules
+from nicop.operator.run import LEASE_NAME
+from nicop.operator.states import STATES
+from nicop.operator.states.base import Context
+from nicop.sim.cluster import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "nicop"
+BUILD_HELM = ROOT / "hack" / "build-helm.sh"
+COPY_CRDS = "cp deploy/crds/*.yaml deploy/helm/nicop/crds/"
+Doc = dict[str, Any]
+APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+
+# The ClusterRoles (and their bindings, of the same names) the operator's states render: the
+# only cluster-scoped RBAC objects the chart lets the operator write.
+COMPONENT_RBAC = ("multus", "ofed-driver", "ib-kubernetes", "nv-ipam-controller", "nv-ipam-node")
+
+
+# ------------------------------------------------------------------ helm
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    """helm, built once per machine; a failed build fails the test with the failing step."""
+    if env := os.environ.get("NICOP_HELM"):
+        return Path(env)
+    proc = subprocess.run([str(BUILD_HELM)], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        failed = [line for line in proc.stderr.splitlines() if "FAILED" in line]
+        detail = "\n".join(failed) or proc.stderr[-3000:]
+        pytest.fail(f"hack/build-helm.sh could not build helm:\n{detail}", pytrace=False)
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def run_helm(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(helm), *args], capture_output=True, text=True, check=False,
+                          env={**os.environ, "HELM_CACHE_HOME": "/tmp/nicop-helm-cache",
+                               "HELM_CONFIG_HOME": "/tmp/nicop-helm-config"})
+
+
+def render(helm: Path, release: str, namespace: str, *values: str,
+           include_crds: bool = False) -> list[Doc]:
+    """`helm template` of the chart, as parsed objects."""
+    args = ["template", release, str(CHART), "--namespace", namespace]
+    if include_crds:
+        args.append("--include-crds")
+    for value in values:
+        args += ["--set", value]
+    proc = run_helm(helm, *args)
+    assert proc.returncode == 0, f"helm template failed:\n{proc.stderr}"
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def one(docs: list[Doc], kind: str, name: str | None = None) -> Doc:
+    found = [d for d in docs if d["kind"] == kind and name in (None, d["metadata"]["name"])]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, got {len(found)}"
+    return found[0]
+
+
+# ------------------------------------------------------------------ kubectl
+
+
+@dataclass
+class Kubectl:
+    binary: Path
+    kubeconfig: Path
+
+    def __call__(self, *args: str, stdin: str | None = None,
+                 as_user: str | None = None) -> subprocess.CompletedProcess[str]:
+        cmd = [str(self.binary), f"--kubeconfig={self.kubeconfig}", *args]
+        if as_user:
+            cmd.append(f"--as={as_user}")
+        return subprocess.run(cmd, input=stdin, capture_output=True, text=True, check=False,
+                              timeout=60)
+
+    def dry_run(self, docs: list[Doc], as_user: str | None = None) -> subprocess.CompletedProcess[
+            str]:
+        """Server-side apply with dryRun=All: validated and admitted, never stored."""
+        return self("apply", "--server-side", "--dry-run=server", "--force-conflicts",
+                    f"--field-manager={FIELD_MANAGER}", "-f", "-",
+                    stdin=yaml.safe_dump_all(docs), as_user=as_user)
+
+
+@pytest.fixture(scope="module")
+def kubectl(controlplane_bin: Path, kubeconfig: Path) -> Kubectl:
+    return Kubectl(controlplane_bin / "kubectl", kubeconfig)
+
+
+# ------------------------------------------------------------------ the chart on its own
+
+
+def test_chart_ships_the_crds_nicop_generates() -> None:
+    generated = {p.name: p.read_text() for p in (ROOT / "deploy" / "crds").glob("*.yaml")}
+    shipped = {p.name: p.read_text() for p in (CHART / "crds").glob("*.yaml")}
+    stale = sorted(name for name in generated.keys() | shipped.keys()
+                   if generated.get(name) != shipped.get(name))
+    assert not stale, (f"deploy/helm/nicop/crds differs from deploy/crds in {stale}; copy them: "
+                       f"rm deploy/helm/nicop/crds/*.yaml && {COPY_CRDS}")
+
+
+def test_chart_version_is_the_package_version() -> None:
+    """The image tag defaults to appVersion, so it must name the version this tree builds."""
+    project = (ROOT / "pyproject.toml").read_text()
+    assert f'\nversion = "{APP_VERSION}"\n' in project
+
+
+def test_chart_passes_helm_lint_strict(helm: Path) -> None:
+    proc = run_helm(helm, "lint", "--strict", str(CHART))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_mistyped_value_is_refused_by_name(helm: Path) -> None:
+    proc = run_helm(helm, "template", "nicop", str(CHART), "--set", "logFormatt=json")
+    assert proc.returncode != 0
+    assert "logFormatt" in proc.stderr
+    proc = run_helm(helm, "template", "nicop", str(CHART), "--set", "logFormat=xml")
+    assert proc.returncode != 0
+    assert "logFormat" in proc.stderr and "json" in proc.stderr
+
+
+def test_operator_deployment_is_what_the_operator_expects(helm: Path) -> None:
+    docs = render(helm, "nicop", "nvidia-network-operator")
+    deployment = one(docs, "Deployment")
+    pod = deployment["spec"]["template"]
+    assert len(pod["spec"]["containers"]) == 1
+    container = pod["spec"]["containers"][0]
+    # A drain during a driver upgrade never evicts the operator that runs it.
+    assert pod["metadata"]["labels"]["nvidia.com/ofed-driver-upgrade-drain.skip"] == "true"
+    # A new pod is ready as a standby, so an upgrade rolls.
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate"}
+    assert deployment["spec"]["replicas"] == 1
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["CNI_BIN_DIR"] == "/opt/cni/bin"
+    assert env["CNI_NETWORK_DIR"] == "/etc/cni/net.d"
+    assert container["args"][0] == "operator"
+    assert "--leader-elect" in container["args"]
+    assert "--log-format=json" in container["args"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert container["ports"] == [{"name": "metrics", "containerPort": 8081, "protocol": "TCP"}]
+    assert pod["spec"]["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"]
+    assert container["image"] == f"nicop:{APP_VERSION}"
+
+
+# ------------------------------------------------------------------ the API server's verdict
+
+
+def test_every_rendered_object_is_accepted_by_the_api_server(
+    helm: Path, kubectl: Kubectl, namespace: str
+) -> None:
+    """CRDs included, every optional template turned on, non-default values set."""
+    docs = render(
+        helm, "nicop", namespace,
+        "metrics.service.enabled=true",
+        "imagePullSecrets[0].name=registry-credentials",
+        "image.repository=registry.example.com/nicop",
+        "image.digest=sha256:" + "a" * 64,
+        "priorityClassName=system-cluster-critical",
+        "extraEnv[0].name=HTTPS_PROXY", "extraEnv[0].value=http://proxy:3128",
+        "nodeSelector.node-role\\.kubernetes\\.io/control-plane=",
+        "podAnnotations.example\\.com/team=network",
+        "leaderElection.leaseDuration=30",
+        include_crds=True,
+    )
+    kinds = sorted({d["kind"] for d in docs})
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                     "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]
+    crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    assert len(crds) == len(list((ROOT / "deploy" / "crds").glob("*.yaml")))
+    proc = kubectl.dry_run(docs)
+    assert proc.returncode == 0, proc.stderr
+    accepted = [line for line in proc.stdout.splitlines() if line.endswith("(server dry run)")]
+    assert len(accepted) == len(docs), proc.stdout
+
+
+def test_without_rbac_and_service_account_only_the_deployment_is_rendered(
+    helm: Path, kubectl: Kubectl, namespace: str
+) -> None:
+    docs = render(helm, "nicop", namespace, "rbac.create=false", "serviceAccount.create=false",
+                  "serviceAccount.name=platform-operator")
+    assert [d["kind"] for d in docs] == ["Deployment"]
+    assert docs[0]["spec"]["template"]["spec"]["serviceAccountName"] == "platform-operator"
+    proc = kubectl.dry_run(docs)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_operator_pod_meets_the_restricted_pod_security_standard(
+    helm: Path, kubectl: Kubectl, namespace: str
+) -> None:
+    proc = kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted",
+                   "pod-security.kubernetes.io/warn=restricted")
+    assert proc.returncode == 0, proc.stderr
+    docs = render(helm, "nicop", namespace)
+    proc = kubectl("apply", "--server-side", "-f", "-",
+                   stdin=yaml.safe_dump(one(docs, "ServiceAccount")))
+    assert proc.returncode == 0, proc.stderr
+    deployment = one(docs, "Deployment")
+    template = deployment["spec"]["template"]
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {**template["metadata"], "name": "operator", "namespace": namespace},
+           "spec": template["spec"]}
+    proc = kubectl("create", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(pod))
+    assert proc.returncode == 0, proc.stderr
+    proc = kubectl.dry_run([deployment])
+    assert proc.returncode == 0, proc.stderr
+    assert "PodSecurity" not in proc.stderr, proc.stderr
+
+
+def test_install_upgrade_and_uninstall(
+    helm: Path, kubectl: Kubectl, kubeconfig: Path, namespace: str, crds: list[str]
+) -> None:
+    """The release lifecycle a user runs, with kwok standing in for the operator's pod: the
+    install waits for the Deployment, an upgrade replaces the pod, an uninstall removes every
+    object of the release but keeps the CRDs (and so the users' CRs)."""
+    release = f"r{uuid.uuid4().hex[:6]}"
+    base = ["--kubeconfig", str(kubeconfig), "--namespace", namespace]
+    proc = run_helm(helm, "install", release, str(CHART), *base, "--wait", "--timeout", "90s")
+    assert proc.returncode == 0, proc.stderr
+    deployment = f"{release}-nicop"
+
+    def images() -> str:
+        out = kubectl("-n", namespace, "get", "pods", "-l", f"app.kubernetes.io/instance={release}",
+                      "-o", "jsonpath={.items[*].spec.containers[0].image}")
+        return out.stdout.strip()
+
+    assert images() == f"nicop:{APP_VERSION}"
+    proc = run_helm(helm, "upgrade", release, str(CHART), *base, "--reuse-values",
+                    "--set", "image.tag=0.1.1", "--wait", "--timeout", "90s")
+    assert proc.returncode == 0, proc.stderr
+    assert images() == "nicop:0.1.1"
+    proc = run_helm(helm, "uninstall", release, *base, "--wait")
+    assert proc.returncode == 0, proc.stderr
+    left = kubectl("get", f"deployment/{deployment}", f"serviceaccount/{deployment}",
+                   f"role/{deployment}", f"rolebinding/{deployment}", "-n", namespace,
+                   "--ignore-not-found", "-o", "name")
+    assert left.stdout.strip() == ""
+    left = kubectl("get", f"clusterrole/{deployment}", f"clusterrole/{deployment}-components",
+                   f"clusterrolebinding/{deployment}", "--ignore-not-found", "-o", "name")
+    assert left.stdout.strip() == ""
+    kept = kubectl("get", "crd", "nicclusterpolicies.mellanox.com", "-o", "name")
+    assert kept.returncode == 0, kept.stderr
+
+
+# ------------------------------------------------------------------ RBAC
+
+
+@dataclass
+class Installed:
+    namespace: str
+    service_account: str
+    docs: list[Doc]
+    kubeconfig: Path  # authenticates as the ServiceAccount, with a token of it
+
+    @property
+    def user(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.service_account}"
+
+
+def service_account_kubeconfig(kubectl: Kubectl, namespace: str, service_account: str,
+                               path: Path) -> Path:
+    """A kubeconfig that authenticates with a fresh token of the ServiceAccount."""
+    proc = kubectl("create", "token", service_account, "-n", namespace, "--duration=1h")
+    assert proc.returncode == 0, proc.stderr
+    admin = yaml.safe_load(kubectl.kubeconfig.read_text())
+    config = {
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": admin["clusters"],
+        "users": [{"name": "operator", "user": {"token": proc.stdout.strip()}}],
+        "contexts": [{"name": "operator", "context": {
+            "cluster": admin["clusters"][0]["name"], "user": "operator"}}],
+        "current-context": "operator",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def installed(helm: Path, kubectl: Kubectl, client: Client, crds: list[str],
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+    """The chart's ServiceAccount and RBAC applied for real into a fresh namespace (CRDs are
+    installed so that `kubectl auth can-i` knows their resources)."""
+    namespace = f"t-helm-{uuid.uuid4().hex[:6]}"
+    release = f"r{uuid.uuid4().hex[:6]}"
+    client.create(Namespace(metadata=ObjectMeta(name=namespace)))
+    docs = [d for d in render(helm, release, namespace) if d["kind"] != "Deployment"]
+    try:
+        proc = kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(docs))
+        assert proc.returncode == 0, proc.stderr
+        sa = one(docs, "ServiceAccount")["metadata"]["name"]
+        kubeconfig = tmp_path_factory.mktemp("sa") / "kubeconfig"
+        yield Installed(namespace, sa, docs,
+                        service_account_kubeconfig(kubectl, namespace, sa, kubeconfig))
+    finally:
+        for d in docs:
+            if d["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+                kubectl("delete", "--ignore-not-found", d["kind"].lower(), d["metadata"]["name"])
+        client.delete(Namespace, namespace)
+
+
+# What the operator's code sends to the API server, as `kubectl auth can-i` arguments: {ns} is
+# the operator's namespace, default stands for any other namespace.
+NAMESPACED_OBJECTS = ("serviceaccounts", "configmaps", "daemonsets.apps", "deployments.apps")
+SRIOV_NETWORK_KINDS = tuple(f"{k}.sriovnetwork.openshift.io" for k in (
+    "sriovnetworks", "sriovibnetworks"))
+NETWORK_KINDS = tuple(f"{k}.mellanox.com" for k in (
+    "macvlannetworks", "hostdevicenetworks", "ipoibnetworks"))
+ALLOWED: tuple[tuple[str, str], ...] = (
+    # operator/policy.py: the policy, managed nodes, driver pods, the state objects
+    *(("policy", f"{v} nicclusterpolicies.mellanox.com") for v in ("get", "list", "watch")),
+    ("policy", "patch nicclusterpolicies.mellanox.com --subresource=status"),
+    ("policy", "update nicclusterpolicies.mellanox.com --subresource=finalizers"),
+    *(("policy", f"{v} nodes") for v in ("list", "watch", "patch")),
+    *(("policy", f"{v} pods -n {{ns}}") for v in ("list", "watch")),
+    *(("policy", f"{v} {r} -n {{ns}}") for r in NAMESPACED_OBJECTS
+      for v in ("get", "list", "watch", "create", "patch", "delete")),
+    *(("policy", f"{v} {r}.rbac.authorization.k8s.io") for r in ("clusterroles",
+                                                                 "clusterrolebindings")
+      for v in ("list", "watch")),
+    *(("policy", f"{v} {r}.rbac.authorization.k8s.io/{name}") for name in COMPONENT_RBAC
+      for r in ("clusterroles", "clusterrolebindings") for v in ("create", "patch", "delete")),
+    # kube/events.py: Events on cluster-scoped objects go to default, on pools to {ns}
+    *(("events", f"{v} events -n {n}") for n in ("default", "{ns}") for v in ("create", "patch")),
+    # kube/leader.py
+    *(("leader", f"{v} leases.coordination.k8s.io/{LEASE_NAME} -n {{ns}}")
+      for v in ("get", "update")),
+    ("leader", "create leases.coordination.k8s.io -n {ns}"),
+    # operator/networks.py: network CRs, their status, their NADs in any namespace
+    *(("networks", f"{v} {k}") for k in NETWORK_KINDS for v in ("list", "watch")),
+    *(("networks", f"patch {k} --subresource=status") for k in NETWORK_KINDS),
+    *(("networks", f"update {k} --subresource=finalizers") for k in NETWORK_KINDS),
+    *(("networks", f"{v} network-attachment-definitions.k8s.cni.cncf.io -A")
+      for v in ("list", "watch")),
+    *(("networks", f"{v} network-attachment-definitions.k8s.cni.cncf.io -n default")
+      for v in ("create", "patch", "delete")),
+    # operator/upgrade.py: every pod, driver revisions, evictions anywhere, driver pod restarts
+    *(("upgrade", f"{v} pods -A") for v in ("list", "watch")),
+    *(("upgrade", f"{v} controllerrevisions.apps -n {{ns}}") for v in ("list", "watch")),
+    ("upgrade", "create pods --subresource=eviction -n default"),
+    ("upgrade", "delete pods -n {ns}"),
+    # operator/ipam.py
+    *(("ipam", f"{v} {k}.nv-ipam.nvidia.com -n {{ns}}") for k in ("ippools", "cidrpools")
+      for v in ("list", "watch")),
+    *(("ipam", f"patch {k}.nv-ipam.nvidia.com --subresource=status -n {{ns}}")
+      for k in ("ippools", "cidrpools")),
+    # operator/sriov.py, sriov_drain.py: node policies to node states, in {ns}
+    *(("sriov", f"{v} {k}.sriovnetwork.openshift.io -n {{ns}}") for k in (
+        "sriovnetworknodepolicies", "sriovoperatorconfigs", "sriovnetworkpoolconfigs")
+      for v in ("list", "watch")),
+    ("sriov", "patch sriovnetworknodepolicies.sriovnetwork.openshift.io --subresource=status "
+              "-n {ns}"),
+    *(("sriov", f"{v} sriovnetworknodestates.sriovnetwork.openshift.io -n {{ns}}")
+      for v in ("list", "watch", "create", "patch", "delete")),
+    ("sriov", "update sriovoperatorconfigs.sriovnetwork.openshift.io --subresource=finalizers "
+              "-n {ns}"),
+    # operator/sriov_networks.py: networks in any namespace, their NADs, their namespaces
+    *(("sriov networks", f"{v} {k} -A") for k in SRIOV_NETWORK_KINDS for v in ("list", "watch")),
+    *(("sriov networks", f"patch {k} {sub}-n default") for k in SRIOV_NETWORK_KINDS
+      for sub in ("", "--subresource=status ")),
+    *(("sriov networks", f"update {k} --subresource=finalizers -n default")
+      for k in SRIOV_NETWORK_KINDS),
+    *(("sriov networks", f"{v} namespaces") for v in ("list", "watch")),
+)
+DENIED: tuple[tuple[str, str], ...] = (
+    *(("secrets", f"{v} secrets -n {n}") for n in ("default", "kube-system", "{ns}")
+      for v in ("get", "list", "watch")),
+    *(("secrets", f"{v} secrets -A") for v in ("list", "watch")),
+    ("drains evict, never delete", "delete pods -n default"),
+    ("no pods of its own", "create pods -n default"),
+    ("components only in its namespace", "create daemonsets.apps -n default"),
+    ("components only in its namespace", "patch configmaps -n kube-system"),
+    ("SR-IOV node policies only in its namespace",
+     "list sriovnetworknodepolicies.sriovnetwork.openshift.io -A"),
+    ("users own their CRs; nicop writes status", "patch nicclusterpolicies.mellanox.com"),
+    ("users own their CRs; nicop writes status", "delete macvlannetworks.mellanox.com"),
+    ("users own their CRs; nicop writes status",
+     "patch sriovnetworknodepolicies.sriovnetwork.openshift.io -n {ns}"),
+    ("users own their CRs; nicop writes status",
+     "create sriovnetworks.sriovnetwork.openshift.io -n default"),
+    ("only its components' RBAC", "patch clusterroles.rbac.authorization.k8s.io/cluster-admin"),
+    ("only its components' RBAC", "delete clusterroles.rbac.authorization.k8s.io/admin"),
+    ("only its components' RBAC",
+     "patch clusterrolebindings.rbac.authorization.k8s.io/cluster-admin"),
+    ("only its components' RBAC", "create roles.rbac.authorization.k8s.io -n {ns}"),
+    ("grants only what it holds", "escalate clusterroles.rbac.authorization.k8s.io"),
+    ("grants only what it holds", "bind clusterroles.rbac.authorization.k8s.io"),
+    ("no identity changes", "impersonate serviceaccounts"),
+    ("no node removal", "delete nodes"),
+    ("no namespace removal", "delete namespaces"),
+    ("the chart owns the CRDs", "create customresourcedefinitions.apiextensions.k8s.io"),
+    ("the chart owns the CRDs", "delete customresourcedefinitions.apiextensions.k8s.io"),
+)
+
+
+def resource_attributes(args: str, namespace: str) -> ResourceAttributes:
+    """`kubectl auth can-i` arguments (verb resource[.group][/name] [--subresource=s]
+    [-n ns | -A]) as the attributes the API server authorizes."""
+    verb, target, *flags = args.replace("{ns}", namespace).split()
+    resource, _, name = target.partition("/")
+    resource, _, group = resource.partition(".")
+    attrs = ResourceAttributes(verb=verb, group=group, resource=resource, name=name or None)
+    for i, flag in enumerate(flags):
+        if flag.startswith("--subresource="):
+            attrs.subresource = flag.split("=", 1)[1]
+        elif flag == "-n":
+            attrs.namespace = flags[i + 1]
+    return attrs
+
+
+def can_i(kubectl: Kubectl, who: Installed, rows: tuple[tuple[str, str], ...]) -> list[
+        tuple[str, str, bool]]:
+    """(why, arguments, allowed) for each row, asked by the ServiceAccount itself (its token)."""
+    proc = kubectl("api-resources", "-o", "name")
+    assert proc.returncode == 0, proc.stderr
+    served = set(proc.stdout.split())
+    client = Client(KubeConfig.from_file(who.kubeconfig))
+    answers = []
+    for why, args in rows:
+        attrs = resource_attributes(args, who.namespace)
+        kind = f"{attrs.resource}.{attrs.group}" if attrs.group else attrs.resource
+        assert kind in served, f"{args}: the API server serves no {kind}"
+        review = client.create(SelfSubjectAccessReview(
+            spec=SelfSubjectAccessReviewSpec(resourceAttributes=attrs)))
+        assert review.status is not None
+        answers.append((why, args.replace("{ns}", who.namespace), review.status.allowed))
+    return answers
+
+
+def test_operator_may_do_everything_its_code_does(kubectl: Kubectl,
+                                                  installed: Installed) -> None:
+    refused = [f"{why}: {args}" for why, args, ok in can_i(kubectl, installed, ALLOWED) if not ok]
+    assert not refused, "the chart's RBAC refuses what the operator does:\n" + "\n".join(refused)
+
+
+def test_operator_may_not_read_secrets_or_act_beyond_its_job(kubectl: Kubectl,
+                                                             installed: Installed) -> None:
+    allowed = [f"{why}: {args}" for why, args, ok in can_i(kubectl, installed, DENIED) if ok]
+    assert not allowed, "the chart's RBAC allows more than needed:\n" + "\n".join(allowed)
+
+
+def test_kubectl_auth_can_i_agrees(kubectl: Kubectl, installed: Installed) -> None:
+    """What docs/install.md tells users to run, impersonating the ServiceAccount."""
+    for args, answer in (("create pods --subresource=eviction -n default", "yes"),
+                         ("get secrets -n default", "no"),
+                         ("patch clusterroles.rbac.authorization.k8s.io/multus", "yes")):
+        proc = kubectl("auth", "can-i", *args.split(), as_user=installed.user)
+        assert proc.stdout.strip() == answer, f"kubectl auth can-i {args}: {proc.stderr}"
+
+
+# ------------------------------------------------------------------ what the states render
+
+
+def full_policy() -> Doc:
+    """One NicClusterPolicy with every section of the example policies."""
+    spec: Doc = {}
+    for path in sorted((ROOT / "examples").glob("nicclusterpolicy-*.yaml")):
+        for key, value in (yaml.safe_load(path.read_text())["spec"] or {}).items():
+            if isinstance(value, dict) and isinstance(spec.get(key), dict):
+                spec[key] = {**spec[key], **value}
+            else:
+                spec.setdefault(key, value)
+    return {"apiVersion": "mellanox.com/v1alpha1", "kind": "NicClusterPolicy",
+            "metadata": {"name": "nic-cluster-policy", "uid": "0"}, "spec": spec}
+
+
+def rendered_by_states(namespace: str, nodes: list[Doc]) -> list[Doc]:
+    """Every object the operator's states render for the full policy on these nodes."""
+    policy = full_policy()
+    ctx = Context(policy, namespace, managed_nodes=[n for n in nodes if node_rules.is_managed(n)])
+    missing = [s.name for s in STATES if s.section_of(policy) is None]
+    assert not missing, (f"states {missing} have no section in examples/nicclusterpolicy-*.yaml, "
+                         "so the chart's RBAC cannot be checked against what they render")
+    objects = []
+    for state in STATES:
+        section = state.section_of(policy)
+        assert section is not None
+        objects += state.render(ctx, section, state.path)
+    return objects
+
+
+def rule_tuples(rules: list[Doc]) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for rule in rules for g in rule.get("apiGroups", [])
+            for r in rule.get("resources", []) for v in rule.get("verbs", [])}
+
+
+def test_chart_grants_exactly_what_the_components_get(helm: Path) -> None:
+    """The components ClusterRole is the union of the states' ClusterRoles (holding them is what
+    lets the operator grant them), and the operator writes only their names."""
+    docs = render(helm, "nicop", "nvidia-network-operator")
+    objects = rendered_by_states("nvidia-network-operator", [])
+    granted = rule_tuples([r for o in objects if o["kind"] == "ClusterRole" for r in o["rules"]])
+    held = rule_tuples(one(docs, "ClusterRole", "nicop-components")["rules"])
+    assert held == granted, (f"missing: {sorted(granted - held)}; not granted to any component: "
+                             f"{sorted(held - granted)}")
+    names = {o["metadata"]["name"] for o in objects
+             if o["kind"] in ("ClusterRole", "ClusterRoleBinding")}
+    assert names == set(COMPONENT_RBAC)
+    writable = [r for r in one(docs, "ClusterRole", "nicop")["rules"] if r.get("resourceNames")]
+    assert [set(r["resourceNames"]) for r in writable] == [set(COMPONENT_RBAC)]
+
+
+def test_operator_may_write_every_object_its_states_render(
+    kubectl: Kubectl, installed: Installed, client: Client
+) -> None:
+    """As the ServiceAccount, with the API server's RBAC escalation checks: a ClusterRole can
+    only be created by who holds its rules, a binding by who holds the role's rules."""
+    nodes = [n.to_dict() for n in client.list(Node)]
+    objects = rendered_by_states(installed.namespace, nodes)
+    assert {o["kind"] for o in objects} >= {"ServiceAccount", "ConfigMap", "DaemonSet",
+                                            "Deployment", "ClusterRole", "ClusterRoleBinding"}
+    bindings = [o for o in objects if o["kind"] == "ClusterRoleBinding"]
+    others = [o for o in objects if o["kind"] != "ClusterRoleBinding"]
+    proc = kubectl.dry_run(others, as_user=installed.user)
+    assert proc.returncode == 0, proc.stderr
+    # A binding is judged against its role as stored: create the roles the cluster lacks.
+    created = []
+    try:
+        for role in (o for o in objects if o["kind"] == "ClusterRole"):
+            try:
+                client.get(ClusterRole, role["metadata"]["name"])
+            except ApiError as e:
+                if e.status.code != 404:
+                    raise
+                proc = kubectl("create", "-f", "-", stdin=yaml.safe_dump(role))
+                assert proc.returncode == 0, proc.stderr
+                created.append(role["metadata"]["name"])
+        proc = kubectl.dry_run(bindings, as_user=installed.user)
+        assert proc.returncode == 0, proc.stderr
+    finally:
+        for name in created:
+            kubectl("delete", "--ignore-not-found", "clusterrole", name)
+
+
+# ------------------------------------------------------------------ the operator itself
+
+
+def http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
+
+
+def test_operator_leads_with_the_chart_arguments_and_only_its_permissions(
+    helm: Path, kubectl: Kubectl, installed: Installed, client: Client, tmp_path: Path
+) -> None:
+    """`nicop operator` run as the image runs it, with the Deployment's arguments and
+    environment and the ServiceAccount's token: it takes the Lease and syncs every informer,
+    so the API server refused none of its lists and watches."""
+    deployment = one(render(helm, "nicop", installed.namespace), "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    port = free_port()
+    args = [a if not a.startswith("--health-port=") else f"--health-port={port}"
+            for a in container["args"]]
+    pod_name = "nicop-7d9f8-abcde"
+    downward = {"metadata.namespace": installed.namespace, "metadata.name": pod_name}
+    env = {e["name"]: e["value"] if "value" in e else downward[e["valueFrom"]["fieldRef"][
+        "fieldPath"]] for e in container["env"]}
+    kubeconfig = installed.kubeconfig
+    log = tmp_path / "operator.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "nicop", *args, "--kubeconfig", str(kubeconfig)],
+            env={**{k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, **env},
+            stdout=out, stderr=subprocess.STDOUT,
+        )
+
+    def leads(url: str) -> bool:
+        """The process holds the lease and its caches are synced (a standby is ready too)."""
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return "\nnicop_leader 1.0" in r.read().decode()
+        except OSError:
+            return False
+
+    def refusals() -> str:
+        """The API server's refusals in the log, once each, or the log's end."""
+        lines = [json.loads(line).get("msg", "") for line in log.read_text().splitlines()
+                 if "403 Forbidden" in line]
+        found = sorted({m.split("403 Forbidden: ", 1)[-1].split(";")[0] for m in lines})
+        return "\n".join(found) if found else log.read_text()[-3000:]
+
+    try:
+        deadline = time.monotonic() + 30
+        while not (http_status(f"http://127.0.0.1:{port}/readyz") == 200
+                   and leads(f"http://127.0.0.1:{port}/metrics")):
+            assert proc.poll() is None, f"operator exited:\n{refusals()}"
+            assert time.monotonic() < deadline, f"not ready in 30s:\n{refusals()}"
+            time.sleep(0.2)
+        assert http_status(f"http://127.0.0.1:{port}/healthz") == 200
+        lease = client.get(Lease, LEASE_NAME, namespace=installed.namespace)
+        assert lease.spec is not None and lease.spec.holderIdentity == pod_name
+        assert "403 Forbidden" not in log.read_text(), refusals()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
