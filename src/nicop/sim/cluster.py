@@ -538,7 +538,7 @@ class LocalCluster:
         # Newest first: agents and the operator, then kwok ... etcd.
         for name in reversed(list(state.processes)):
             proc = state.processes[name]
-            if not proc.alive():
+            if not self._alive(proc):
                 self._reap(proc.pid)
                 report.append(f"{name}: was not running (pid {proc.pid} had exited)")
                 continue
@@ -546,14 +546,14 @@ class LocalCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGTERM)
             deadline = time.monotonic() + grace
-            while proc.alive() and time.monotonic() < deadline:
+            while self._alive(proc) and time.monotonic() < deadline:
                 self._reap(proc.pid)
                 time.sleep(0.02)
             how = "stopped"
-            if proc.alive():
+            if self._alive(proc):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGKILL)
-                while proc.alive():
+                while self._alive(proc):
                     self._reap(proc.pid)
                     time.sleep(0.02)
                 how = "stopped (SIGKILL)" if name == "etcd" else f"killed after {grace:.0f}s"
@@ -563,6 +563,14 @@ class LocalCluster:
         if self.state_file.exists():
             state.save(self.state_file)
         return report
+
+    def _alive(self, proc: Process) -> bool:
+        """Our own children are asked directly: between fork and exec a child does not yet show
+        the binary's command line."""
+        child = self._children.get(proc.pid)
+        if child is not None:
+            return child.poll() is None
+        return proc.alive()
 
     def _reap(self, pid: int) -> None:
         child = self._children.get(pid)
