@@ -1,25 +1,19 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kwok, and kubectl to look at it) from the published Go modules pinned in hack/controlplane/go.mod.
+# kube-scheduler, kwok, and kubectl to look at it) from the published Go modules pinned in
+# hack/controlplane/go.mod.
 # Binaries go to a cache directory keyed by the pins, so a machine builds them once.
 # Prints the directory holding the binaries as its last line.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 mod="$here/controlplane"
-cache_root=${NICOP_CACHE:-$HOME/.cache/nicop}
+tag=controlplane
+# shellcheck source=hack/lib.sh
+. "$here/lib.sh"
+require_go "Kubernetes 1.36"
 
-step() { printf '[controlplane] %s\n' "$*" >&2; }
-fail() { printf '[controlplane] FAILED at step "%s": %s\n' "$1" "$2" >&2; exit 1; }
-
-command -v go >/dev/null 2>&1 || fail "find Go" "no 'go' on PATH; install Go >= 1.26 (https://go.dev/dl) and retry"
-go_version=$(go env GOVERSION)
-case "$go_version" in
-  go1.2[6-9]*|go1.[3-9]*) ;;
-  *) fail "find Go" "Go >= 1.26 is needed to build Kubernetes 1.36, found $go_version" ;;
-esac
-
-key=$(cat "$mod/go.mod" "$mod/go.sum" | sha256sum | cut -c1-12)
+key=$(cache_key "$mod")
 out="$cache_root/controlplane/$key"
 binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok kubectl)
 

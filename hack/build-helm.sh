@@ -6,19 +6,12 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 mod="$here/helm"
-cache_root=${NICOP_CACHE:-$HOME/.cache/nicop}
+tag=helm
+# shellcheck source=hack/lib.sh
+. "$here/lib.sh"
+require_go "helm 3.22"
 
-step() { printf '[helm] %s\n' "$*" >&2; }
-fail() { printf '[helm] FAILED at step "%s": %s\n' "$1" "$2" >&2; exit 1; }
-
-command -v go >/dev/null 2>&1 || fail "find Go" "no 'go' on PATH; install Go >= 1.26 (https://go.dev/dl) and retry"
-go_version=$(go env GOVERSION)
-case "$go_version" in
-  go1.2[6-9]*|go1.[3-9]*) ;;
-  *) fail "find Go" "Go >= 1.26 is needed to build helm 3.22, found $go_version" ;;
-esac
-
-key=$(cat "$mod/go.mod" "$mod/go.sum" | sha256sum | cut -c1-12)
+key=$(cache_key "$mod")
 out="$cache_root/helm/$key"
 link_current() { ln -sfn "$key" "$cache_root/helm/current"; }
 
