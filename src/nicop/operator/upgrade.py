@@ -10,6 +10,7 @@ the labels say it was. New nodes start only while both `maxParallelUpgrades` and
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import math
@@ -56,6 +57,7 @@ DONE = "upgrade-done"
 IN_PROGRESS = (CORDON, WAIT_FOR_JOBS, DRAIN, POD_RESTART, UNCORDON)
 MAX_DRIVER_RESTARTS = 10
 ACTIVE_RECHECK = 1.0
+STEP_CONCURRENCY = 32
 
 
 def _now() -> datetime.datetime:
@@ -193,14 +195,19 @@ class UpgradeController:
             await self._clean_up()
             return None
         plan = Plan(upgrade)
-        views = self._views()
-        moved = False
-        for view in views:
-            if LEGACY_STATE_ANNOTATION in view.annotations:
-                await self._patch(view, annotations={LEGACY_STATE_ANNOTATION: None})
-            if SKIP_LABEL in view.labels and view.labels[SKIP_LABEL] == "true":
-                continue
-            moved |= await self._step(view, plan)
+        # Nodes are independent until new ones are let in, so they move concurrently: a large
+        # rollout is bounded by API round trips, not by one node waiting for the next.
+        limit = asyncio.Semaphore(STEP_CONCURRENCY)
+
+        async def step(view: NodeView) -> bool:
+            async with limit:
+                if LEGACY_STATE_ANNOTATION in view.annotations:
+                    await self._patch(view, annotations={LEGACY_STATE_ANNOTATION: None})
+                if view.labels.get(SKIP_LABEL) == "true":
+                    return False
+                return await self._step(view, plan)
+
+        moved = any(await asyncio.gather(*(step(v) for v in self._views())))
         moved |= await self._start_new(self._views(), plan)
         active = any(v.state not in ("", DONE) for v in self._views())
         return Result(requeue_after=ACTIVE_RECHECK) if active or moved else None
