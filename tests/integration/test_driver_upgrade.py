@@ -43,7 +43,8 @@ POLICY: dict[str, Any] = {
         "version": "doca3.5.0-26.07-0.7.0.0-0",
         "upgradePolicy": {
             "autoUpgrade": True, "maxParallelUpgrades": 3, "maxUnavailable": "20%",
-            "drain": {"enable": True, "timeoutSeconds": 15, "deleteEmptyDir": True},
+            # Long enough for a PodDisruptionBudget to let pods go on a busy machine.
+            "drain": {"enable": True, "timeoutSeconds": 180, "deleteEmptyDir": True},
         },
     }},
 }
@@ -130,6 +131,8 @@ class Observer:
 
 
 def workloads(client: Client, pdb_blocks_one_node: bool = False) -> None:
+    """40 training pods behind a PDB; or, with `pdb_blocks_one_node`, the training pods without
+    a PDB (so only the planted one can hold a drain up) and one pod no PDB lets go."""
     labels = {"app": "train"}
     client.create(Deployment(
         metadata=ObjectMeta(name="train", namespace="work"),
@@ -137,10 +140,12 @@ def workloads(client: Client, pdb_blocks_one_node: bool = False) -> None:
             replicas=40, selector=LabelSelector(matchLabels=labels),
             template=PodTemplateSpec(metadata=ObjectMeta(labels=labels), spec=PodSpec(
                 containers=[Container(name="c", image="registry.local/train:1")])))))
-    client.create(PodDisruptionBudget(
-        metadata=ObjectMeta(name="train", namespace="work"),
-        spec=PodDisruptionBudgetSpec(maxUnavailable=2, selector=LabelSelector(matchLabels=labels))))
-    if pdb_blocks_one_node:
+    if not pdb_blocks_one_node:
+        client.create(PodDisruptionBudget(
+            metadata=ObjectMeta(name="train", namespace="work"),
+            spec=PodDisruptionBudgetSpec(maxUnavailable=2,
+                                         selector=LabelSelector(matchLabels=labels))))
+    else:
         stuck = {"app": "stuck"}
         client.create(Deployment(
             metadata=ObjectMeta(name="stuck", namespace="work"),
@@ -200,9 +205,11 @@ def test_rollout_respects_limits_and_finishes(bclient: Client, op: OperatorProce
 def test_a_pdb_that_forbids_eviction_fails_only_its_node(
     bclient: Client, op: OperatorProcess
 ) -> None:
+    policy = copy.deepcopy(POLICY)
+    policy["spec"]["ofedDriver"]["upgradePolicy"]["drain"]["timeoutSeconds"] = 15
     workloads(bclient, pdb_blocks_one_node=True)
-    start(bclient, POLICY)
-    bump(bclient, POLICY)
+    start(bclient, policy)
+    bump(bclient, policy)
 
     def settled() -> bool:
         s = states(bclient)
