@@ -32,8 +32,8 @@ from tests.integration.test_sriov_e2e import (
     until,
 )
 
+from nicop.api.sriovnetwork import BLOCKED_ANNOTATION, CURRENT_STATE, DESIRED_STATE
 from nicop.kube.resources import NODE, Obj
-from nicop.operator.sriov_drain import BLOCKED_ANNOTATION, CURRENT_STATE, DESIRED_STATE
 from nicop.sim.hardware import SimulatedHost
 
 NODE_NAME = "node-3"  # the shared cluster's other ConnectX-6 Dx node

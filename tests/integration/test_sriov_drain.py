@@ -41,8 +41,8 @@ from tests.integration.test_sriov_e2e import (
 )
 
 from nicop.api.install import install_crds
+from nicop.api.sriovnetwork import CURRENT_STATE, DESIRED_STATE
 from nicop.kube.resources import NODE, Obj
-from nicop.operator.sriov_drain import CURRENT_STATE, DESIRED_STATE
 from nicop.sim.cluster import LocalCluster, running_cluster
 
 NODES = [f"node-{i}" for i in range(1, 6)]

@@ -41,7 +41,18 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from nicop import logs
-from nicop.api.sriovnetwork import GROUP, VERSION
+from nicop.api.sriovnetwork import (
+    BLOCKED_ANNOTATION,
+    CURRENT_STATE,
+    DESIRED_STATE,
+    DRAIN_COMPLETE,
+    DRAIN_REQUIRED,
+    GROUP,
+    IDLE,
+    NODE_STATE_ANNOTATION,
+    REBOOT_REQUIRED,
+    VERSION,
+)
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.informer import Informer
 from nicop.kube.resources import NODE, Obj, Resource
@@ -53,14 +64,6 @@ log = logging.getLogger(__name__)
 NODE_STATE = Resource(GROUP, VERSION, "SriovNetworkNodeState", "sriovnetworknodestates")
 OPERATOR_CONFIG = Resource(GROUP, VERSION, "SriovOperatorConfig", "sriovoperatorconfigs")
 
-NODE_STATE_ANNOTATION = "sriovnetwork.openshift.io/state"
-DESIRED_STATE = "sriovnetwork.openshift.io/desired-state"
-CURRENT_STATE = "sriovnetwork.openshift.io/current-state"
-BLOCKED_ANNOTATION = "nicop.io/sriov-drain-blocked"
-IDLE = "Idle"
-DRAIN_REQUIRED = "Drain_Required"
-REBOOT_REQUIRED = "Reboot_Required"
-DRAIN_COMPLETE = "DrainComplete"
 IN_PROGRESS = "InProgress"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"

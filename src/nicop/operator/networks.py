@@ -18,13 +18,12 @@ from nicop.kube.client import ApiClient
 from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.resources import NETWORK_ATTACHMENT_DEFINITION as NAD
 from nicop.kube.resources import Obj, Resource, key_of
-from nicop.operator.states.base import content_hash
+from nicop.operator.states.base import REVISION_ANNOTATION, content_hash
 
 log = logging.getLogger(__name__)
 
 MANAGED_LABEL = "app.kubernetes.io/managed-by=nicop"
 RESOURCE_NAME_ANNOTATION = "k8s.v1.cni.cncf.io/resourceName"
-REVISION_ANNOTATION = "nvidia.network-operator.revision"
 CNI_VERSION = "0.3.1"
 
 

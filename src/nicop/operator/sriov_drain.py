@@ -32,12 +32,23 @@ from collections.abc import Mapping
 from typing import Any
 
 from nicop import logs
-from nicop.api.sriovnetwork import GROUP, VERSION
+from nicop.api.sriovnetwork import (
+    BLOCKED_ANNOTATION,
+    CURRENT_STATE,
+    DESIRED_STATE,
+    DRAIN_COMPLETE,
+    DRAIN_REQUIRED,
+    DRAINING,
+    GROUP,
+    IDLE,
+    REBOOT_REQUIRED,
+    VERSION,
+)
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.resources import NODE, POD, Obj, Resource
-from nicop.operator.upgrade import _evictable, max_unavailable
+from nicop.operator.upgrade import evictable, max_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -46,19 +57,10 @@ OPERATOR_CONFIG = Resource(GROUP, VERSION, "SriovOperatorConfig", "sriovoperator
 POOL_CONFIG = Resource(GROUP, VERSION, "SriovNetworkPoolConfig", "sriovnetworkpoolconfigs")
 CONFIG_NAME = "default"
 
-# The handshake (upstream's annotation names and values).
-NODE_STATE_ANNOTATION = "sriovnetwork.openshift.io/state"  # on the Node, written by the daemon
-DESIRED_STATE = "sriovnetwork.openshift.io/desired-state"  # on the node state, by the daemon
-CURRENT_STATE = "sriovnetwork.openshift.io/current-state"  # on the node state, by the operator
+# Set by an external drainer (upstream): the operator then leaves the node's drain to it.
 EXTERNAL_DRAINER = "sriovnetwork.openshift.io/use-external-drainer"
-IDLE = "Idle"
-DRAIN_REQUIRED = "Drain_Required"
-REBOOT_REQUIRED = "Reboot_Required"
-DRAINING = "Draining"
-DRAIN_COMPLETE = "DrainComplete"
 # nicop's additions: which nodes this controller cordoned, and what blocks a drain.
 CORDONED_ANNOTATION = "nicop.io/sriov-drain-cordoned"
-BLOCKED_ANNOTATION = "nicop.io/sriov-drain-blocked"
 
 DEFAULT_RESOURCE_PREFIX = "nvidia.com"  # what the NVIDIA Network Operator's chart sets
 RESOURCE_PREFIX_ENV = "RESOURCE_PREFIX"  # upstream's variable for it
@@ -307,7 +309,7 @@ class SriovDrainController:
     def _to_evict(self, node: Obj, reboot: bool) -> list[Obj]:
         pods = self.pods.store.by_index(POD_NODE_INDEX, node["metadata"]["name"])
         return [p for p in pods
-                if _evictable(p, "") and (reboot or uses_resource(p, self.prefix))]
+                if evictable(p, "") and (reboot or uses_resource(p, self.prefix))]
 
     async def _drain(self, state: Obj, node: Obj, reboot: bool, no_drain: bool) -> bool:
         """Evict what must go; DrainComplete once it is gone. True while pods remain."""

@@ -37,7 +37,7 @@ from nicop.operator.networks import (
     parse_meta_plugins,
 )
 from nicop.operator.sriov_drain import DEFAULT_RESOURCE_PREFIX, resource_prefix
-from nicop.operator.states.base import content_hash
+from nicop.operator.states.base import REVISION_ANNOTATION, content_hash
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,6 @@ SRIOV_IB_NETWORK = Resource(GROUP, VERSION, "SriovIBNetwork", "sriovibnetworks")
 FINALIZER = "netattdef.finalizers.sriovnetwork.openshift.io"
 LAST_NAMESPACE_ANNOTATION = "operator.sriovnetwork.openshift.io/last-network-namespace"
 OWNER_ANNOTATION = "sriovnetwork.openshift.io/owner-ref"
-REVISION_ANNOTATION = "nvidia.network-operator.revision"
 CNI_VERSION = "1.0.0"
 READY = "Ready"
 OWNER_INDEX = "sriov-network-owner"

@@ -319,7 +319,7 @@ class UpgradeController:
         blocked: list[str] = []
         remaining = []
         for pod in self.pods.store.by_index("node", view.name):
-            if not _evictable(pod, selector):
+            if not evictable(pod, selector):
                 continue
             name = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
             remaining.append(name)
@@ -421,7 +421,7 @@ def _pod_ready(pod: Obj) -> bool:
         c.get("ready") for c in statuses)
 
 
-def _evictable(pod: Obj, selector: str) -> bool:
+def evictable(pod: Obj, selector: str) -> bool:
     """Pods a drain removes: not DaemonSet or mirror pods, not finished, not marked to stay."""
     meta = pod["metadata"]
     labels = meta.get("labels") or {}
