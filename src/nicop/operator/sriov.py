@@ -605,14 +605,15 @@ class SriovPolicyController:
                     reason, status = "NoMatchingNodes", "True"
                     message = ("no node matches the nodeSelector (among the nodes of the "
                                "SriovOperatorConfig's configDaemonNodeSelector)")
-            await self._set_condition(policy, status, reason, message)
             uid = policy["metadata"].get("uid", name)
+            # The Event goes first: whoever sees the condition finds the Event too.
             if status == "False" and self._reported.get(uid) != message:
                 self._reported[uid] = message
                 log.warning("%s", message, extra=logs.about(POLICY.kind, name, self.namespace))
                 await self.recorder.emit(policy, "Warning", "PolicyRefused", message)
             elif status == "True":
                 self._reported.pop(uid, None)
+            await self._set_condition(policy, status, reason, message)
 
     async def _set_condition(self, policy: Obj, status: str, reason: str, message: str) -> None:
         conditions = (policy.get("status") or {}).get("conditions") or []
