@@ -24,7 +24,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from nicop.sim import hardware
-from nicop.sim.cluster import PROFILE_ANNOTATION, ClusterError, LocalCluster, free_port
+from nicop.sim.cluster import ClusterError, LocalCluster, free_port
+from nicop.sim.hardware import PROFILE_ANNOTATION
 
 NAMESPACE = "nvidia-network-operator"
 POLICY_FILE = Path(__file__).resolve().parents[2] / "examples" / "nicclusterpolicy-demo.yaml"
@@ -313,8 +314,8 @@ class Demo:
         self.cluster.start_process(name, [sys.executable, "-m", "nicop", *args])
 
 
-def run(console: Console, nodes: int, profiles: list[str] | None, state_dir: Path,
-        bin_dir: Path) -> None:
+def run(console: Console, nodes: int, profiles: list[str] | None, state_dir: Path | None,
+        bin_dir: Path | None) -> None:
     demo = Demo(console, LocalCluster(state_dir, bin_dir))
     started = time.monotonic()
     demo.start_cluster(nodes, profiles)

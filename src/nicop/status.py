@@ -26,6 +26,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from nicop.api.agents import is_nicop_image
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.resources import DAEMONSET, LEASE, NETWORK_ATTACHMENT_DEFINITION, NODE, POD, Obj
 from nicop.kube.resources import Resource as Kind
@@ -279,7 +280,13 @@ def container_problem(status: Obj | None) -> str | None:
     state = status.get("state") or {}
     if waiting := state.get("waiting"):
         reason = waiting.get("reason") or "Waiting"
-        return f"{reason}: {waiting['message']}" if waiting.get("message") else str(reason)
+        text = f"{reason}: {waiting['message']}" if waiting.get("message") else str(reason)
+        last = (status.get("lastState") or {}).get("terminated")
+        if last:
+            lines = [line for line in str(last.get("message") or "").splitlines() if line.strip()]
+            text += f"; last exit {last.get('exitCode')}" + (
+                f": {lines[-1][-300:]}" if lines else "")
+        return text
     if terminated := state.get("terminated"):
         why = terminated.get("reason") or f"exit {terminated.get('exitCode')}"
         return f"terminated ({why})"
@@ -338,12 +345,16 @@ def driver_of(snap: Snapshot, node: Obj) -> Obj | None:
                       if c.get("name") == DRIVER_CONTAINER), None)
     image = str((container or {}).get("image", ""))
     status = container_status(pod, DRIVER_CONTAINER)
+    version = driver_version(image, node) if image else ""
+    if is_nicop_image(image):  # nicop's agent: one image, the version it installs in its env
+        version = next((str(e.get("value", "")) for e in (container or {}).get("env") or []
+                        if e.get("name") == "NVIDIA_NIC_DRIVER_VER"), "")
     ready = bool(status and status.get("ready")) and not (
         (pod.get("metadata") or {}).get("deletionTimestamp"))
     return {
         "pod": name_of(pod),
         "image": image,
-        "version": driver_version(image, node) if image else "",
+        "version": version,
         "ready": ready,
         "restarts": int((status or {}).get("restartCount", 0)),
         "problem": None if ready else container_problem(status),

@@ -15,8 +15,8 @@ from lightkube import ApiError, Client
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from typer.testing import CliRunner
 
-from nicop.api import KINDS, kind_for, parse
 from nicop.api.install import install_crds
+from nicop.api.kinds import KINDS, kind_for, parse
 from nicop.api.validate import json_fields, removed_field_warnings
 from nicop.cli import app
 

@@ -45,7 +45,7 @@ class DaemonProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nicop", "sriov-config-daemon", "--node-name", NODE_NAME,
              "--namespace", namespace, "--kubeconfig", str(kubeconfig), "--host-root", str(root),
-             "--sim-host", "--resync-interval", "1", "--log-format", "json"],
+             "--sim-root", str(root), "--resync-interval", "1", "--log-format", "json"],
             stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ},
         )
 

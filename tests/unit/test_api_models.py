@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from nicop.api import KINDS, NicClusterPolicy, SriovNetwork, parse
 from nicop.api.crdgen import crd_manifest, openapi_schema, render
+from nicop.api.kinds import KINDS, NicClusterPolicy, SriovNetwork, parse
 from nicop.api.mellanox import MacvlanNetwork, NicNodePolicy
 from nicop.api.validate import json_fields, removed_field_warnings
 

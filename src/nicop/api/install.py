@@ -13,9 +13,9 @@ from lightkube import ApiError, Client
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.types import PatchType
 
-from nicop.api import KINDS
 from nicop.api.common import KubeObject
 from nicop.api.crdgen import crd_manifest
+from nicop.api.kinds import KINDS
 
 FIELD_MANAGER = "nicop"
 

@@ -49,6 +49,7 @@ from nicop.kube.manager import Manager
 from nicop.kube.resources import NODE
 from nicop.kube.serve import serve
 from nicop.node.host import Host
+from nicop.node.readiness import Readiness
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class CniDaemon:
 
     def __init__(self, options: DaemonOptions) -> None:
         self.options = options
-        self.host = Host(options.host_root)
+        self.host = Host.in_container(options.host_root)
         self.host_ns = Netns(options.host_netns)
         self.client: ApiClient | None = None
         self.manager: Manager | None = None
@@ -220,13 +221,17 @@ class CniDaemon:
         log.info("serving CNI calls on %s", path)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Serve until `stop` is set; then close the socket (the file is removed)."""
+        """Serve until `stop` is set; then close the socket (the file is removed). Ready once
+        serving with the node's pools known."""
         tasks: list[asyncio.Task[None]] = []
         health = None
+        readiness = Readiness()
+        marker: asyncio.Task[None] | None = None
         try:
             if self.manager is not None:
                 tasks.append(asyncio.create_task(self.manager.run()))
             await self.start()
+            marker = asyncio.create_task(self._ready_when_synced(readiness))
             if self.options.health_port:
                 health = await serve("0.0.0.0", self.options.health_port,
                                      ready=lambda: self.server is not None)
@@ -240,6 +245,9 @@ class CniDaemon:
                 if task is not waiter:
                     task.result()
         finally:
+            readiness.clear()
+            if marker is not None:
+                marker.cancel()
             for task in tasks:
                 task.cancel()
             for task in tasks:
@@ -248,6 +256,11 @@ class CniDaemon:
             if health is not None:
                 health.close()
             await self.close()
+
+    async def _ready_when_synced(self, readiness: Readiness) -> None:
+        if isinstance(self.pools, KubePools):
+            await self.pools.wait_synced()
+        readiness.set(True)
 
     async def close(self) -> None:
         if self.server is not None:

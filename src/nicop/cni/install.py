@@ -9,9 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from nicop.api.agents import CNI_PLUGINS as PLUGINS
 from nicop.cni import shim
-
-PLUGINS = ("sriov", "ib-sriov", "host-device", "nv-ipam")
 
 
 def _atomic_write(path: Path, text: str, mode: int) -> None:

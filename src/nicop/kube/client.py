@@ -184,8 +184,8 @@ class ApiClient:
                 yield event["type"], obj
 
     # ------------------------------------------------------------------ writes
-    async def create(self, obj: Obj) -> Obj:
-        res = resource_of(obj)
+    async def create(self, obj: Obj, *, res: Resource | None = None) -> Obj:
+        res = res or resource_of(obj)
         ns = obj["metadata"].get("namespace")
         return await self._send("create", res, "POST", res.path(ns), body=obj)
 
@@ -225,11 +225,24 @@ class ApiClient:
         return await self._send("update", res, "PUT", path, body=obj,
                                 params={"fieldManager": FIELD_MANAGER})
 
+    async def post(self, res: Resource, name: str, subresource: str,
+                   namespace: str | None, body: Obj) -> Obj:
+        """Create on a subresource (a ServiceAccount's token, a pod's binding)."""
+        path = res.path(namespace, name) + f"/{subresource}"
+        return await self._send("create", res, "POST", path, body=body)
+
     async def delete(
         self, res: Resource, name: str, namespace: str | None = None, *,
         propagation: str = "Background", missing_ok: bool = True,
+        grace_seconds: int | None = None, uid: str | None = None,
     ) -> None:
-        body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation}
+        """Delete; `uid` makes sure it is still the same object (409 otherwise)."""
+        body: Obj = {"apiVersion": "v1", "kind": "DeleteOptions",
+                     "propagationPolicy": propagation}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
+        if uid is not None:
+            body["preconditions"] = {"uid": uid}
         try:
             await self._send("delete", res, "DELETE", res.path(namespace, name), body=body)
         except ApiError as e:

@@ -42,14 +42,16 @@ def setup_logging(log_format: str = "text", level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # one line per request otherwise
 
 
-def run_process(main: Callable[[asyncio.Event], Awaitable[None]], log_format: str) -> str | None:
+def run_process(main: Callable[[asyncio.Event], Awaitable[None]], log_format: str,
+                log_level: str = "info") -> str | None:
     """Run `main(stop)` in a fresh event loop until it returns; SIGTERM and SIGINT set `stop`.
 
     Returns why the agent had to give up (the kubelet refused it), or None after a clean stop.
     """
-    setup_logging(log_format)
+    setup_logging(log_format, log_level)
 
     async def runner() -> None:
         stop = asyncio.Event()

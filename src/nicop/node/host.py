@@ -3,21 +3,62 @@
 Every path an agent reads or writes on the host (sysfs, /dev, /run, /var/lib) goes through a
 `Host`, so the same code runs on a real node (root `/`, or the host mounted into a container) and
 on a simulated node whose root is a fixture tree.
+
+Paths an agent is given (its root, config files) are paths in its container. On a node they are
+real paths. On a simulated node the node stand-in runs the container as a plain process and says
+where each of the container's mounts really is: `$NICOP_MOUNTS`, a JSON object of container path
+-> real directory, which `Mounts` applies (the longest matching prefix wins, as mounts stack).
 """
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
+
+MOUNTS_ENV = "NICOP_MOUNTS"
+
+
+class Mounts:
+    """Container paths -> real paths; without entries every path is itself."""
+
+    def __init__(self, table: Mapping[str, str] | None = None) -> None:
+        entries = [("/" + k.strip("/"), str(v).rstrip("/")) for k, v in (table or {}).items()]
+        # Longest first, so /dev/infiniband wins over /dev and / over nothing.
+        self._entries = sorted(entries, key=lambda e: len(e[0]), reverse=True)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Mounts:
+        raw = (os.environ if env is None else env).get(MOUNTS_ENV)
+        return cls(json.loads(raw) if raw else None)
+
+    def __bool__(self) -> bool:
+        return bool(self._entries)
+
+    def real(self, path: str) -> str:
+        """Where the container path `path` (absolute) really is."""
+        for prefix, target in self._entries:
+            if prefix == "/":
+                return target + path
+            if path == prefix or path.startswith(prefix + "/"):
+                return target + path[len(prefix):]
+        return path
 
 
 class Host:
     """A root directory and the few file operations agents need, all relative to it."""
 
-    def __init__(self, root: Path | str = "/") -> None:
+    def __init__(self, root: Path | str = "/", mounts: Mounts | None = None) -> None:
         self.root = Path(root)
         # Agents rescan sysfs every fraction of a second: plain strings, not pathlib, on that path.
         self._prefix = str(self.root).rstrip("/")
+        self._mounts = mounts if mounts else None
+
+    @classmethod
+    def in_container(cls, root: Path | str = "/") -> Host:
+        """The host as a container sees it through its mounts ($NICOP_MOUNTS, if set)."""
+        return cls(root, Mounts.from_env())
 
     def __repr__(self) -> str:
         return f"Host({str(self.root)!r})"
@@ -27,7 +68,8 @@ class Host:
         return Path(self._real(path))
 
     def _real(self, path: str) -> str:
-        return self._prefix + "/" + path.lstrip("/")
+        full = self._prefix + "/" + path.lstrip("/")
+        return self._mounts.real(full) if self._mounts is not None else full
 
     def exists(self, path: str) -> bool:
         return os.path.lexists(self._real(path))

@@ -58,6 +58,7 @@ from nicop.kube.informer import Informer
 from nicop.kube.resources import NODE, Obj, Resource
 from nicop.node.discovery import NETWORK_CLASS, Inventory, PciFunction, scan
 from nicop.node.host import Host
+from nicop.node.readiness import Readiness
 
 log = logging.getLogger(__name__)
 
@@ -518,6 +519,7 @@ class SriovConfigDaemon:
         """Sync until `stop` is set: on every change of the node state, and every resync."""
         tasks = [asyncio.create_task(i.run()) for i in (self.states, self.configs)]
         stopper = asyncio.create_task(stop.wait())
+        readiness = Readiness()
         try:
             synced = asyncio.gather(self.states.synced.wait(), self.configs.synced.wait())
             first: list[asyncio.Future[Any]] = [synced, stopper]
@@ -528,6 +530,7 @@ class SriovConfigDaemon:
                 self._changed.clear()  # before reading the cache: no change goes unnoticed
                 try:
                     delay = await self.sync()
+                    readiness.set(True)  # it follows its node state (whose status says more)
                 except (ApiError, OSError) as e:
                     log.warning("sync failed: %s; retrying", e, extra=self.about)
                     delay = min(self.opts.resync_interval, 5.0)
@@ -536,6 +539,7 @@ class SriovConfigDaemon:
                     delay = self.opts.resync_interval
                 await self._wait(delay, stop)
         finally:
+            readiness.clear()
             for task in [*tasks, stopper]:
                 task.cancel()
             for task in tasks:

@@ -12,10 +12,12 @@ from nicop.kube.client import ApiClient
 from nicop.kube.events import EventRecorder
 from nicop.kube.leader import LeaderElector
 from nicop.kube.manager import Manager
+from nicop.operator.cni_daemon import CniDaemonController
 from nicop.operator.ipam import IpamController
 from nicop.operator.networks import NetworkController
 from nicop.operator.policy import PolicyController
 from nicop.operator.sriov import SriovPolicyController
+from nicop.operator.sriov_daemons import SriovDaemonsController
 from nicop.operator.sriov_drain import SriovDrainController
 from nicop.operator.sriov_networks import SriovNetworkController
 from nicop.operator.upgrade import UpgradeController
@@ -47,11 +49,12 @@ async def run(
         )
     manager = Manager(client, elector=elector, health_address=health_address)
     recorder = EventRecorder(client)
+    cni_bin_dir = os.environ.get("CNI_BIN_DIR", "/opt/cni/bin")
     PolicyController(
         manager,
         namespace,
         recorder,
-        cni_bin_dir=os.environ.get("CNI_BIN_DIR", "/opt/cni/bin"),
+        cni_bin_dir=cni_bin_dir,
         cni_network_dir=os.environ.get("CNI_NETWORK_DIR", "/etc/cni/net.d"),
     )
     NetworkController(manager)
@@ -60,6 +63,8 @@ async def run(
     SriovPolicyController(manager, namespace, recorder)
     SriovDrainController(manager, namespace, recorder)
     SriovNetworkController(manager, namespace, recorder)
+    SriovDaemonsController(manager, namespace)
+    CniDaemonController(manager, namespace, cni_bin_dir)
     # SIGTERM (a pod being stopped) ends the run cleanly, so the lease is handed over at once.
     task = asyncio.current_task()
     assert task is not None

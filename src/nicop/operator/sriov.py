@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from nicop import logs
 from nicop.api.sriovnetwork import GROUP, VERSION
 from nicop.kube.client import ApiClient, ApiError
+from nicop.kube.conditions import with_condition
 from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.resources import CONFIGMAP, NODE, Obj, Resource
@@ -616,24 +617,14 @@ class SriovPolicyController:
             await self._set_condition(policy, status, reason, message)
 
     async def _set_condition(self, policy: Obj, status: str, reason: str, message: str) -> None:
-        conditions = (policy.get("status") or {}).get("conditions") or []
-        old = next((c for c in conditions if c.get("type") == ACCEPTED), None)
-        if old and (old.get("status"), old.get("reason"), old.get("message")) == (
-                status, reason, message):
+        conditions = with_condition((policy.get("status") or {}).get("conditions") or [],
+                                    ACCEPTED, status == "True", reason, message,
+                                    policy["metadata"].get("generation"))
+        if conditions is None:
             return
-        changed = old is None or old.get("status") != status
-        condition = {
-            "type": ACCEPTED, "status": status, "reason": reason, "message": message,
-            "lastTransitionTime": _stamp(_now()) if changed or old is None
-            else old["lastTransitionTime"],
-        }
-        generation = policy["metadata"].get("generation")
-        if generation is not None:
-            condition["observedGeneration"] = generation
-        others = [c for c in conditions if c.get("type") != ACCEPTED]
         try:
             updated = await self.client.patch(
-                POLICY, name_of(policy), {"status": {"conditions": [*others, condition]}},
+                POLICY, name_of(policy), {"status": {"conditions": conditions}},
                 self.namespace, subresource="status")
         except ApiError as e:
             if e.code == 404:

@@ -12,12 +12,14 @@ import base64
 import contextlib
 import ctypes
 import functools
+import hashlib
 import json
 import os
 import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -37,7 +39,6 @@ HOST = "127.0.0.1"
 SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDR = "10.244.0.0/16"
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
-PROFILE_ANNOTATION = "nicop.io/hardware-profile"
 BUILD_HINT = "build it with `make controlplane` (hack/build-controlplane.sh) or pass --bin-dir"
 
 Progress = Callable[[str], None]
@@ -186,10 +187,18 @@ class LocalCluster:
         apiserver_port: int = 0,
         die_with_parent: bool = False,
         progress: Progress = lambda _: None,
+        node_agents: bool = True,
     ) -> UpResult:
+        """Start the control plane and the nodes; with `node_agents`, a node stand-in per node
+        (`nicop sim-node`) runs the pods of nicop's image there."""
         start = time.monotonic()
         alive = self.running()
         if all(alive.values()):
+            if node_agents:
+                from lightkube.resources.core_v1 import Node
+
+                names = sorted(n.metadata.name for n in self.client().list(Node))
+                self.start_node_agents(names, die_with_parent, progress)
             return UpResult(True, 0.0, [])
         if any(alive.values()):
             partial = ", ".join(n for n, up in alive.items() if up)
@@ -209,6 +218,8 @@ class LocalCluster:
         try:
             self._start_all(state, pki, die_with_parent, progress)
             names = self._create_nodes(node_profiles, progress)
+            if node_agents:
+                self.start_node_agents(names, die_with_parent, progress)
         except BaseException:
             self.down()
             raise
@@ -312,14 +323,39 @@ class LocalCluster:
     def _spawn(self, state: State, name: str, args: list[str], die_with_parent: bool) -> Process:
         return self._spawn_argv(state, name, [str(self.bin_dir / name), *args], die_with_parent)
 
-    def start_process(self, name: str, argv: list[str]) -> Process:
-        """Start another process that belongs to this cluster (the operator, node agents);
+    def start_process(self, name: str, argv: list[str], die_with_parent: bool = False) -> Process:
+        """Start another process that belongs to this cluster (the operator, node stand-ins);
         `down` stops it before the control plane. Its log is logs/<name>.log."""
         state = self.state()
         old = state.processes.get(name)
         if old is not None and old.alive():
             return old
-        return self._spawn_argv(state, name, argv, die_with_parent=False)
+        return self._spawn_argv(state, name, argv, die_with_parent=die_with_parent)
+
+    def node_root(self, node: str) -> Path:
+        """A simulated node's filesystem (short: unix sockets under it are at most 107 bytes)."""
+        return self.state_dir / "n" / node
+
+    def netns_of(self, node: str) -> str:
+        """The network namespace of a simulated node: named after the cluster, so two local
+        clusters on one machine do not share one."""
+        digest = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:6]
+        return f"nicop-{digest}-{node}"
+
+    def start_node_agents(self, nodes: list[str], die_with_parent: bool = False,
+                          progress: Progress = lambda _: None) -> list[Process]:
+        """A node stand-in per node (those already running are kept)."""
+        started = []
+        for node in nodes:
+            # As root, each node gets its network namespace (pods on networks get interfaces).
+            netns = ["--netns", self.netns_of(node)] if os.geteuid() == 0 else []
+            started.append(self.start_process(f"{node}/sim-node", [
+                sys.executable, "-m", "nicop", "sim-node", "--node-name", node,
+                "--kubeconfig", str(self.kubeconfig), "--root", str(self.node_root(node)),
+                "--pods-dir", str(self.state_dir / "p" / node), "--log-format", "json", *netns,
+            ], die_with_parent))
+        progress(f"node stand-ins running on {len(nodes)} nodes")
+        return started
 
     def _spawn_argv(
         self, state: State, name: str, argv: list[str], die_with_parent: bool
@@ -499,12 +535,14 @@ class LocalCluster:
         for i, profile in enumerate(profiles, start=1):
             name = f"node-{i}"
             names.append(name)
-            labels = {"kubernetes.io/hostname": name, "type": "kwok", **profile.node_labels()}
+            labels = {"kubernetes.io/hostname": name, "type": "kwok",
+                      "node-role.kubernetes.io/worker": "", **profile.node_labels()}
             node = Node(
                 metadata=ObjectMeta(
                     name=name,
                     labels=labels,
-                    annotations={KWOK_ANNOTATION: "fake", PROFILE_ANNOTATION: profile.name},
+                    annotations={KWOK_ANNOTATION: "fake",
+                                 hardware.PROFILE_ANNOTATION: profile.name},
                 )
             )
             try:

@@ -24,6 +24,8 @@ from nicop.node.host import Host
 MELLANOX_VENDOR = "15b3"
 NFD_PREFIX = "feature.node.kubernetes.io"
 MELLANOX_PRESENT_LABEL = f"{NFD_PREFIX}/pci-{MELLANOX_VENDOR}.present"
+# On a simulated Node: the profile its hardware is built from.
+PROFILE_ANNOTATION = "nicop.io/hardware-profile"
 
 
 @dataclass(frozen=True)

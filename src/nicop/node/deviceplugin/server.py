@@ -26,6 +26,7 @@ from grpc import aio
 
 from nicop.node.deviceplugin import api_pb2 as pb
 from nicop.node.deviceplugin import api_pb2_grpc as pb_grpc
+from nicop.node.readiness import Readiness
 
 log = logging.getLogger(__name__)
 
@@ -310,13 +311,18 @@ async def run_agent(
     """Call `tick` (rescan, update devices) every `poll_interval` until `stop` is set.
 
     Files in sysfs give no notice when they change, so agents poll; a tick of a node with eight
-    NICs and 64 VFs reads a few hundred small files.
+    NICs and 64 VFs reads a few hundred small files. The agent is ready while the kubelet has
+    every one of its resources registered.
     """
+    readiness = Readiness()
     try:
         while not stop.is_set():
             await tick()
             servers.raise_failure()
+            waiting = sorted(n for n, s in servers.servers.items() if not s.registered)
+            readiness.set(not waiting, f"not registered with the kubelet: {', '.join(waiting)}")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), poll_interval)
     finally:
+        readiness.clear()
         await servers.stop_all()

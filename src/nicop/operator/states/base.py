@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nicop.api.agents import READY_FILE, READY_FILE_ENV, READY_PROBE, own_image
 from nicop.kube.resources import Obj
 
 STATE_LABEL = "nvidia.network-operator.state"
@@ -45,6 +46,8 @@ class Context:
     managed_nodes: list[Obj] = field(default_factory=list)
     cni_bin_dir: str = "/opt/cni/bin"
     cni_network_dir: str = "/etc/cni/net.d"
+    agent_image: str = field(default_factory=own_image)
+    """The image of nicop's agents: the operator's own."""
 
     @property
     def spec(self) -> Obj:
@@ -183,6 +186,33 @@ def container(
     return c
 
 
+def agent_container(
+    ctx: Context,
+    name: str,
+    section: Obj,
+    command: list[str],
+    *,
+    mounts: list[Obj] | None = None,
+    env: list[Obj] | None = None,
+    ready_probe: bool = True,
+    **extra: Any,
+) -> Obj:
+    """A privileged container running `nicop <command>` from the operator's own image.
+
+    Its readiness probe asks the agent (`nicop probe-ready`), and a crash shows the end of its
+    log in the container's last state (FallbackToLogsOnError).
+    """
+    env = list(env or [])
+    if ready_probe:
+        env.insert(0, {"name": READY_FILE_ENV, "value": READY_FILE})
+        extra.setdefault("readinessProbe", {
+            "exec": {"command": READY_PROBE}, "initialDelaySeconds": 1, "periodSeconds": 10,
+            "timeoutSeconds": 10, "failureThreshold": 3})
+    return container(name, ctx.agent_image, section, mounts=mounts, privileged=True,
+                     command=["nicop", *command], env=env,
+                     terminationMessagePolicy="FallbackToLogsOnError", **extra)
+
+
 def daemonset(
     ctx: Context,
     name: str,
@@ -198,6 +228,8 @@ def daemonset(
     labels: dict[str, str] | None = None,
     update_strategy: str = "RollingUpdate",
     managed_only: bool = True,
+    tolerations: list[Obj] | None = None,
+    init_containers: list[Obj] | None = None,
 ) -> Obj:
     """A node DaemonSet with the policy's tolerations, nodeAffinity and pull secrets.
 
@@ -210,9 +242,12 @@ def daemonset(
         "hostNetwork": host_network,
         "priorityClassName": "system-node-critical",
         "nodeSelector": {"kubernetes.io/os": "linux", **(node_selector or {})},
-        "tolerations": [*(ctx.spec.get("tolerations") or []), GPU_TOLERATION],
+        "tolerations": tolerations if tolerations is not None else [
+            *(ctx.spec.get("tolerations") or []), GPU_TOLERATION],
         "containers": containers,
     }
+    if init_containers:
+        pod["initContainers"] = init_containers
     if affinity := node_affinity(ctx, managed_only):
         pod["affinity"] = {"nodeAffinity": affinity}
     if volumes:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from nicop.api.agents import uses_nicop
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
     AFTER_DRIVER,
     Context,
+    agent_container,
     config_map,
     container,
     daemonset,
@@ -27,9 +29,11 @@ def device_plugin(
     config_dir: str,
     host_dirs: dict[str, str],
     args: list[str],
+    agent: str,
 ) -> list[Obj]:
     """The plugin's ConfigMap (from the section's JSON `config`) and its DaemonSet, which starts
-    only where the driver is ready and rolls when the config changes."""
+    only where the driver is ready and rolls when the config changes. With `image: nicop` the
+    container runs nicop's `agent` command, on the same mounts and config file."""
     config = json_config(spec, path)
     objects = []
     volumes, mounts = [], []
@@ -44,10 +48,13 @@ def device_plugin(
         mounts.append({"name": "config", "mountPath": config_dir})
     if spec.get("useCdi"):
         args = [*args, "--use-cdi"]
+    if uses_nicop(spec):
+        plugin = agent_container(ctx, container_name, spec, [agent], mounts=mounts)
+    else:
+        plugin = container(container_name, image(ctx, spec, path), spec, mounts=mounts,
+                           privileged=True, args=args)
     objects.append(daemonset(
-        ctx, name, spec,
-        [container(container_name, image(ctx, spec, path), spec, mounts=mounts,
-                   privileged=True, args=args)],
+        ctx, name, spec, [plugin],
         app=app, node_selector=AFTER_DRIVER, volumes=volumes, config=config,
     ))
     return objects

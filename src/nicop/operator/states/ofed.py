@@ -1,19 +1,23 @@
 """state-OFED: the driver container, one DaemonSet per (OS, OS version, kernel, arch) pool.
 
 Pools exist because a driver is built for one kernel. Each DaemonSet uses OnDelete, so a new
-driver version reaches a node only when the upgrade controller restarts its pod.
+driver version reaches a node only when the upgrade controller restarts its pod. With
+`image: nicop` the container is nicop's driver agent (`nicop driver run`, the operator's own
+image for every pool), which installs `version` itself.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
+from nicop.api.agents import uses_nicop
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
     NFD,
     Context,
     RenderError,
     State,
+    agent_container,
     cluster_rbac,
     container,
     content_hash,
@@ -58,7 +62,7 @@ def pools(nodes: list[Obj]) -> tuple[dict[tuple[str, str, str, str], list[str]],
     return dict(sorted(grouped.items())), missing
 
 
-def probe(spec: Obj, kind: str, command: str) -> Obj:
+def probe(spec: Obj, kind: str, command: list[str]) -> Obj:
     delay, period, failures, timeout = PROBE_DEFAULTS[kind]
     given = spec.get(kind) or {}
 
@@ -67,7 +71,7 @@ def probe(spec: Obj, kind: str, command: str) -> Obj:
         return value if isinstance(value, int) and value >= 1 else default
 
     return {
-        "exec": {"command": ["sh", "-c", command]},
+        "exec": {"command": command},
         "initialDelaySeconds": pick("initialDelaySeconds", delay),
         "periodSeconds": pick("periodSeconds", period),
         "failureThreshold": pick("failureThreshold", failures),
@@ -128,13 +132,7 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
         pool = f"{os_id}{os_version}-{content_hash(kernel)[:8]}"
         ds = daemonset(
             ctx, f"mofed-{pool}-ds", spec,
-            [container(
-                "mofed-container", driver_image(ctx, spec, path, os_id, os_version, arch), spec,
-                mounts=mounts, privileged=True, env=env,
-                startupProbe=probe(spec, "startupProbe", f"ls {READY_FILE}"),
-                livenessProbe=probe(spec, "livenessProbe", "lsmod | grep mlx5_core"),
-                readinessProbe=probe(spec, "readinessProbe", "lsmod | grep mlx5_core"),
-            )],
+            [driver_container(ctx, spec, path, mounts, env, (os_id, os_version, arch))],
             app=f"mofed-{pool}",
             node_selector={OS_LABEL: os_id, OS_VERSION_LABEL: os_version,
                            KERNEL_LABEL: kernel, ARCH_LABEL: arch},
@@ -152,6 +150,33 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
             }]}
         objects.append(ds)
     return objects
+
+
+def driver_container(ctx: Context, spec: Obj, path: str, mounts: list[Obj], env: list[Obj],
+                     pool: tuple[str, str, str]) -> Obj:
+    """Upstream's driver container, or nicop's driver agent (`image: nicop`) with probes that
+    ask it, from the same mounts, environment and probe timings."""
+    if uses_nicop(spec):
+        if not spec.get("version"):
+            raise RenderError(f"{path}.version", "is the driver version nicop's driver agent "
+                              "installs (e.g. 25.10-1.2.8.0); set it")
+        upgrade = spec.get("upgradePolicy") or {}
+        safe_load = bool(upgrade.get("autoUpgrade") and upgrade.get("safeLoad"))
+        return agent_container(
+            ctx, "mofed-container", spec,
+            ["driver", "run", *(["--safe-load"] if safe_load else [])],
+            mounts=mounts, env=env, ready_probe=False,
+            startupProbe=probe(spec, "startupProbe", ["nicop", "driver", "probe", "startup"]),
+            livenessProbe=probe(spec, "livenessProbe", ["nicop", "driver", "probe", "liveness"]),
+            readinessProbe=probe(spec, "readinessProbe",
+                                 ["nicop", "driver", "probe", "readiness"]))
+    return container(
+        "mofed-container", driver_image(ctx, spec, path, *pool), spec,
+        mounts=mounts, privileged=True, env=env,
+        startupProbe=probe(spec, "startupProbe", ["sh", "-c", f"ls {READY_FILE}"]),
+        livenessProbe=probe(spec, "livenessProbe", ["sh", "-c", "lsmod | grep mlx5_core"]),
+        readinessProbe=probe(spec, "readinessProbe", ["sh", "-c", "lsmod | grep mlx5_core"]),
+    )
 
 
 STATE = State("state-OFED", ("ofedDriver",), "OFEDDriverReady", render)

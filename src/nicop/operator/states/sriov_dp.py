@@ -16,7 +16,7 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
                    "plugins-registry": "/var/lib/kubelet/plugins_registry",
                    "log": "/var/log", "device-info": "/var/run/k8s.cni.cncf.io/devinfo/dp",
                    "cdi": "/var/run/cdi"},
-        args=["--log-dir=sriovdp", "--log-level=10"],
+        args=["--log-dir=sriovdp", "--log-level=10"], agent="sriov-device-plugin",
     )
 
 

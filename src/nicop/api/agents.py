@@ -1,0 +1,44 @@
+"""Names the operator and the nodes share about nicop's own node agents.
+
+The operator renders a component with nicop's agent when the policy section's `image` is
+`nicop`; every agent then runs from one image, the operator's own (`NICOP_IMAGE`, set by the
+Helm chart to the chart's image). A node runs a container as nicop's agent when the image's
+name (the last path component of its repository) is `nicop`, whatever registry it comes from.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from nicop import __version__
+
+IMAGE_NAME = "nicop"
+IMAGE_ENV = "NICOP_IMAGE"
+# A container image reference whose name is `nicop`: [registry/path/]nicop[:tag][@digest].
+_NICOP_REF = re.compile(r"^(?:.+/)?nicop(?::[^/@]+)?(?:@.+)?$")
+# The same rule as a jq expression over a pod, for kwok's stage selectors (sim/kwok-stages.yaml).
+NICOP_POD_JQ = ('[(.spec.initContainers // [])[], (.spec.containers // [])[]] '
+                '| any(.image | test("^(.+/)?nicop(:[^/@]+)?(@.+)?$"))')
+
+# The CNI plugins (and IPAM) nicop's CNI daemon implements, by their CNI `type`.
+CNI_PLUGINS = ("sriov", "ib-sriov", "host-device", "nv-ipam")
+
+# The file an agent keeps while it is ready (inside its container), and the probe that reads it.
+READY_FILE_ENV = "NICOP_READY_FILE"
+READY_FILE = "/run/nicop-agent/ready"
+READY_PROBE = ["nicop", "probe-ready"]
+
+
+def is_nicop_image(ref: str) -> bool:
+    return bool(_NICOP_REF.match(ref))
+
+
+def own_image() -> str:
+    """The image the operator deploys nicop's agents from: $NICOP_IMAGE, else nicop:<version>."""
+    return os.environ.get(IMAGE_ENV) or f"{IMAGE_NAME}:{__version__}"
+
+
+def uses_nicop(section: dict[str, object] | None) -> bool:
+    """Whether a NicClusterPolicy section asks for nicop's agent (`image: nicop`)."""
+    return bool(section) and (section or {}).get("image") == IMAGE_NAME

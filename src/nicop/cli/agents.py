@@ -1,0 +1,304 @@
+"""The node agents: device plugins, the SR-IOV config daemon, the CNI daemon and its installer.
+
+Each runs as a container of a DaemonSet the operator renders. Paths given to them are paths in
+their container (`in_container` finds them on a simulated node); `--host-root` is where the
+node's filesystem is mounted in the container.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from nicop.cli.common import (
+    HostRoot,
+    Kubeconfig,
+    LogFormat,
+    SimRoot,
+    app,
+    console,
+    fail,
+    fail_plain,
+    in_container,
+    run_agent,
+)
+
+DevicePluginDir = Annotated[
+    str,
+    typer.Option("--device-plugin-dir", help="The kubelet's device plugin directory, on the host."),
+]
+PollInterval = Annotated[
+    float,
+    typer.Option(min=0.05, help="Seconds between rescans of the host (links, VFs, RDMA devices)."),
+]
+LogLevel = Annotated[
+    str,
+    typer.Option("--log-level", help="debug, info, warning or error; a number is glog's -v "
+                 "(upstream's DaemonSets pass one): 4 and above is debug."),
+]
+LogDir = Annotated[
+    str | None,
+    typer.Option("--log-dir", help="Accepted for upstream's DaemonSets; nicop logs to stderr "
+                 "(kubectl logs)."),
+]
+PfRecorder = Annotated[
+    Path | None,
+    typer.Option(envvar="NICOP_PF_RECORDER",
+                 help="Simulated nodes: PF-side VF settings (MAC, VLAN, ...) are recorded in this "
+                 "directory instead of being programmed into a PF."),
+]
+NodeName = Annotated[str, typer.Option(envvar="NODE_NAME", help="This node.")]
+
+
+def _level(value: str) -> str:
+    if value.isdigit():
+        return "debug" if int(value) >= 4 else "info"
+    return value
+
+
+@app.command("rdma-device-plugin")
+def rdma_device_plugin(
+    config_file: Annotated[
+        Path, typer.Option("--config-file", help="configList JSON, as for the upstream plugin.")
+    ] = Path("/k8s-rdma-shared-dev-plugin/config.json"),
+    host_root: HostRoot = Path("/"),
+    device_plugin_dir: DevicePluginDir = "/var/lib/kubelet/device-plugins",
+    poll_interval: PollInterval = 0.5,
+    log_format: LogFormat = "text",
+    log_level: LogLevel = "info",
+) -> None:
+    """Share each NIC's RDMA devices with pods (drop-in for k8s-rdma-shared-dev-plugin)."""
+    from nicop.node.deviceplugin.config import ConfigError
+    from nicop.node.deviceplugin.rdma import RdmaAgent, load_config
+    from nicop.node.host import Host
+
+    real = in_container(config_file)
+    try:
+        config = load_config(real)
+    except ConfigError as e:  # named as the container sees it
+        raise fail_plain(str(e).replace(str(real), str(config_file))) from None
+    host = Host.in_container(host_root)
+    agent = RdmaAgent(config, host, host.path(device_plugin_dir), poll_interval)
+    run_agent(agent.run, log_format, _level(log_level))
+
+
+@app.command("sriov-device-plugin")
+def sriov_device_plugin(
+    config_file: Annotated[
+        Path, typer.Option("--config-file", help="resourceList JSON, as for the upstream plugin.")
+    ] = Path("/etc/pcidp/config.json"),
+    resource_prefix: Annotated[
+        str, typer.Option("--resource-prefix", help="Prefix of resources that set none.")
+    ] = "intel.com",
+    host_root: HostRoot = Path("/"),
+    device_plugin_dir: DevicePluginDir = "/var/lib/kubelet/device-plugins",
+    poll_interval: PollInterval = 0.5,
+    log_format: LogFormat = "text",
+    log_level: LogLevel = "info",
+    log_dir: LogDir = None,
+) -> None:
+    """Give pods SR-IOV VFs and scalable functions (drop-in for sriov-network-device-plugin);
+    picks up new VFs and config changes without a restart."""
+    from nicop.node.deviceplugin.config import ConfigError
+    from nicop.node.deviceplugin.sriov import SriovAgent
+    from nicop.node.host import Host
+
+    host = Host.in_container(host_root)
+    real = in_container(config_file)
+    try:
+        agent = SriovAgent(
+            real,
+            host,
+            host.path(device_plugin_dir),
+            default_prefix=resource_prefix,
+            poll_interval=poll_interval,
+        )
+    except ConfigError as e:  # named as the container sees it
+        raise fail_plain(str(e).replace(str(real), str(config_file))) from None
+    run_agent(agent.run, log_format, _level(log_level))
+
+
+@app.command("sriov-config-daemon")
+def sriov_config_daemon(
+    node_name: NodeName = "",
+    namespace: Annotated[
+        str, typer.Option(envvar="NAMESPACE", help="Namespace of the node states (the operator's).")
+    ] = "nvidia-network-operator",
+    kubeconfig: Kubeconfig = None,
+    host_root: HostRoot = Path("/"),
+    resync_interval: Annotated[
+        float, typer.Option(min=0.1, help="Seconds between checks of the host for drift.")
+    ] = 30.0,
+    max_attempts: Annotated[
+        int, typer.Option(min=1, help="Tries of one configuration before syncStatus Failed.")
+    ] = 3,
+    retry_delay: Annotated[
+        float, typer.Option(min=0.0, help="Seconds before the second try; doubles each time.")
+    ] = 2.0,
+    failed_retry_interval: Annotated[
+        float, typer.Option(min=0.1, help="Seconds before a Failed configuration is tried "
+                            "again (a changed spec is tried at once).")
+    ] = 120.0,
+    drain_timeout: Annotated[
+        float, typer.Option(min=1.0, help="Seconds to wait for the node's drain.")
+    ] = 900.0,
+    pf_recorder: PfRecorder = None,
+    sim_root: SimRoot = None,
+    log_format: LogFormat = "text",
+) -> None:
+    """Configure this node's SR-IOV PFs and VFs as its SriovNetworkNodeState asks (drop-in for
+    sriov-network-config-daemon); reports Failed with the PF and the step instead of retrying
+    forever."""
+    import asyncio
+
+    from nicop.kube.client import ApiClient
+    from nicop.node.host import Host
+    from nicop.node.sriov_daemon import DaemonOptions, SriovConfigDaemon, VfVlan
+
+    if not node_name:
+        raise fail("the node's name is needed: set NODE_NAME or --node-name")
+    vf_vlan: VfVlan | None = None
+    if pf_recorder is not None:
+        from nicop.cni.vf import RecordingVfControl
+
+        recorder = RecordingVfControl(pf_recorder)
+
+        def vf_vlan(pf: str, vf: int) -> int | None:
+            return recorder.get(pf, vf).vlan
+    options = DaemonOptions(
+        node_name=node_name, namespace=namespace, resync_interval=resync_interval,
+        max_attempts=max_attempts, retry_delay=retry_delay,
+        failed_retry_interval=failed_retry_interval, drain_timeout=drain_timeout,
+    )
+    host: Host
+    if sim_root is not None:  # writes to sriov_numvfs create VFs there, as the kernel would
+        from nicop.sim.hardware import SimulatedHost
+
+        host = SimulatedHost(sim_root)
+    else:
+        host = Host.in_container(host_root)
+
+    async def main(stop: asyncio.Event) -> None:
+        client = ApiClient(kubeconfig)
+        try:
+            await SriovConfigDaemon(client, host, options, vf_vlan=vf_vlan).run(stop)
+        finally:
+            await client.close()
+
+    run_agent(main, log_format)
+
+
+# --- CNI plugins: the node daemon and the installer of the plugin executables -----------------
+
+CniSocket = Annotated[
+    str,
+    typer.Option("--socket", help="Unix socket of the daemon, a path on the node (under "
+                 "--host-root)."),
+]
+
+
+@app.command("cni-daemon")
+def cni_daemon(
+    host_root: HostRoot = Path("/"),
+    socket: CniSocket = "/run/nicop/cni.sock",
+    node_name: Annotated[
+        str, typer.Option(envvar="NODE_NAME", help="This node (its blocks of the pools).")
+    ] = "",
+    kubeconfig: Annotated[
+        Path | None, typer.Option(envvar="KUBECONFIG", help="Kubeconfig of the cluster.")
+    ] = None,
+    api: Annotated[
+        bool | None,
+        typer.Option("--api/--no-api", help="Follow IPPools/CIDRPools in the API server; "
+                     "default: when a kubeconfig is given or in a pod."),
+    ] = None,
+    pools_namespace: Annotated[
+        str, typer.Option(envvar="POD_NAMESPACE", help="Namespace of the IPPools/CIDRPools.")
+    ] = "nvidia-network-operator",
+    pools_file: Annotated[
+        Path | None,
+        typer.Option(help="Pools of this node as JSON {name: {subnet, startIP, endIP, "
+                     "gateway}}, for nodes without an API server."),
+    ] = None,
+    host_netns: Annotated[
+        str | None,
+        typer.Option(envvar="NICOP_HOST_NETNS",
+                     help="Network namespace holding the node's devices (default: the "
+                     "daemon's own; simulated nodes set it)."),
+    ] = None,
+    pf_recorder: PfRecorder = None,
+    cleaner_interval: Annotated[
+        float, typer.Option(help="Seconds between checks for addresses of deleted pods.")
+    ] = 60.0,
+    cleaner_checks: Annotated[
+        int, typer.Option(min=1, help="Checks a pod must be missing before its address is "
+                          "freed.")
+    ] = 3,
+    health_port: Annotated[int, typer.Option(help="Port of /healthz, /metrics; 0: off.")] = 0,
+    log_format: LogFormat = "text",
+) -> None:
+    """Serve the sriov, ib-sriov, host-device and nv-ipam CNI plugins of this node."""
+    import asyncio
+    import os
+
+    from nicop.cni.daemon import CniDaemon, DaemonOptions
+    from nicop.cni.store import StoreError
+
+    if api is None:
+        api = kubeconfig is not None or "KUBERNETES_SERVICE_HOST" in os.environ
+    options = DaemonOptions(
+        host_root=host_root, socket=socket, node_name=node_name, kubeconfig=kubeconfig,
+        use_api=api, pools_namespace=pools_namespace,
+        pools_file=in_container(pools_file) if pools_file else None,
+        host_netns=host_netns, pf_recorder=pf_recorder, cleaner_interval=cleaner_interval,
+        cleaner_checks=cleaner_checks, health_port=health_port,
+    )
+
+    async def main(stop: asyncio.Event) -> None:
+        await CniDaemon(options).run(stop)
+
+    try:
+        run_agent(main, log_format)
+    except (StoreError, ValueError, OSError) as e:
+        raise fail_plain(str(e)) from None
+
+
+@app.command("cni-install")
+def cni_install(
+    cni_bin_dir: Annotated[
+        str, typer.Option(help="CNI bin dir on the node (under --host-root).")
+    ] = "/opt/cni/bin",
+    host_root: HostRoot = Path("/"),
+    socket: CniSocket = "/run/nicop/cni.sock",
+    python: Annotated[
+        str, typer.Option(help="Python 3 of the node that runs the plugin executables.")
+    ] = "/usr/bin/python3",
+    plugin: Annotated[
+        list[str] | None, typer.Option(help="Plugins to install (default: all).")
+    ] = None,
+) -> None:
+    """Install the CNI plugin executables that forward to `nicop cni-daemon`."""
+    from nicop.api.agents import CNI_PLUGINS as PLUGINS
+    from nicop.cni.install import install
+    from nicop.node.host import Host
+
+    unknown = sorted(set(plugin or ()) - set(PLUGINS))
+    if unknown:
+        raise fail(f"unknown plugin(s) {unknown}; known: {', '.join(PLUGINS)}")
+    host = Host.in_container(host_root)
+    for path in install(host.path(cni_bin_dir), socket, python, tuple(plugin or PLUGINS)):
+        console.print(f"  wrote {path}")
+
+
+@app.command("probe-ready")
+def probe_ready() -> None:
+    """Exit 0 while this container's agent is ready, else 1 with the reason (the readiness
+    probe of nicop's agent DaemonSets; the agent keeps the file named by $NICOP_READY_FILE)."""
+    from nicop.node.readiness import probe
+
+    ok, reason = probe()
+    print(reason)
+    if not ok:
+        raise typer.Exit(1)

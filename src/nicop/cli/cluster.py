@@ -1,0 +1,139 @@
+"""`nicop cluster` and `nicop demo`: the local control plane with simulated GPU nodes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from nicop.cli.common import StateDir, app, console, fail
+
+cluster_app = typer.Typer(
+    no_args_is_help=True,
+    help="A local Kubernetes control plane (real etcd, kube-apiserver, controller-manager, "
+    "scheduler) with simulated GPU nodes: kwok keeps the nodes, a node stand-in per node runs "
+    "nicop's agents on its simulated hardware.",
+)
+app.add_typer(cluster_app, name="cluster")
+
+BinDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--bin-dir",
+        envvar="NICOP_CONTROLPLANE_BIN",
+        show_default="~/.cache/nicop/controlplane/current/bin",
+        help="Directory with etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok.",
+    ),
+]
+Nodes = Annotated[int, typer.Option(min=1, help="Number of simulated nodes.")]
+Profiles = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--profile",
+        help="Hardware profile of the nodes, repeated in turn (default: dgx, cx6dx, cx6dx, "
+        "cx6dx-unlabelled); `nicop sim-host build --help` lists them.",
+    ),
+]
+
+
+@cluster_app.command("up")
+def cluster_up(
+    nodes: Nodes = 4,
+    profile: Profiles = None,
+    apiserver_port: Annotated[
+        int, typer.Option(help="Port of kube-apiserver on 127.0.0.1; 0 picks a free one.")
+    ] = 0,
+    node_agents: Annotated[
+        bool, typer.Option(help="Start a node stand-in per node (runs the pods of nicop's "
+                           "image there); without, nicop's agent pods stay Pending.")
+    ] = True,
+    state_dir: StateDir = None,
+    bin_dir: BinDir = None,
+) -> None:
+    """Start the local cluster and create its nodes; prints the time until all nodes are Ready."""
+    from nicop.sim.cluster import ClusterError, LocalCluster
+
+    cluster = LocalCluster(state_dir, bin_dir)
+    try:
+        result = cluster.up(
+            nodes=nodes,
+            profiles=profile,
+            apiserver_port=apiserver_port,
+            node_agents=node_agents,
+            progress=lambda line: console.print(f"  {line}"),
+        )
+    except (ClusterError, ValueError) as e:
+        raise fail(str(e)) from None
+    if result.already_running:
+        console.print(f"The cluster in {cluster.state_dir} is already up ({cluster.server}).")
+    else:
+        console.print(
+            f"Cluster up in {result.seconds:.1f}s: {len(result.nodes)} nodes Ready at "
+            f"{cluster.server}"
+        )
+    console.print(f"  export KUBECONFIG={cluster.kubeconfig}")
+
+
+@cluster_app.command("down")
+def cluster_down(state_dir: StateDir = None) -> None:
+    """Stop every process of the local cluster; its data stays for the next `up`."""
+    from nicop.sim.cluster import LocalCluster
+
+    cluster = LocalCluster(state_dir)
+    lines = cluster.down()
+    if not lines:
+        console.print(f"No cluster is running in {cluster.state_dir}.")
+    for line in lines:
+        console.print(f"  {line}")
+
+
+@cluster_app.command("status")
+def cluster_status(state_dir: StateDir = None) -> None:
+    """Show which components and node stand-ins run; exits 1 unless the control plane does."""
+    from nicop.sim.cluster import LocalCluster
+
+    cluster = LocalCluster(state_dir)
+    state = cluster.state()
+    running = cluster.running()
+    extras = {name: p.alive() for name, p in state.processes.items() if name not in running}
+    for name, up in {**running, **extras}.items():
+        proc = state.processes.get(name)
+        if up and proc:
+            console.print(f"  {name:<24} [green]running[/green]  pid {proc.pid}")
+        elif proc:
+            console.print(f"  {name:<24} [red]exited[/red]   see {proc.log}")
+        else:
+            console.print(f"  {name:<24} stopped")
+    if all(running.values()):
+        console.print(f"API server {cluster.server}; kubeconfig {cluster.kubeconfig}")
+    else:
+        raise typer.Exit(1)
+
+
+@cluster_app.command("kubeconfig")
+def cluster_kubeconfig(state_dir: StateDir = None) -> None:
+    """Print the kubeconfig path: export KUBECONFIG=$(nicop cluster kubeconfig)."""
+    from nicop.sim.cluster import LocalCluster
+
+    cluster = LocalCluster(state_dir)
+    if not cluster.kubeconfig.exists():
+        raise fail(f"no kubeconfig in {cluster.state_dir}; run `nicop cluster up` first")
+    print(cluster.kubeconfig)
+
+
+@app.command("demo")
+def demo(
+    nodes: Nodes = 4,
+    profile: Profiles = None,
+    state_dir: StateDir = None,
+    bin_dir: BinDir = None,
+) -> None:
+    """Run nicop end to end on this machine with simulated GPU nodes."""
+    from nicop import demo as demo_module
+    from nicop.sim.cluster import ClusterError
+
+    try:
+        demo_module.run(console, nodes, profile, state_dir, bin_dir)
+    except (ClusterError, ValueError) as e:
+        raise fail(str(e)) from None

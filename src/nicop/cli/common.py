@@ -1,0 +1,80 @@
+"""What every `nicop` command shares: the app, the consoles, errors, and common options."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="nicop: RDMA and SR-IOV networking for Kubernetes.",
+)
+
+console = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def fail(message: str) -> typer.Exit:
+    """Print `message` as an error (rich markup allowed) and give the exit to raise."""
+    err.print(f"[red]error:[/red] {message}")
+    return typer.Exit(1)
+
+
+def fail_plain(message: str) -> typer.Exit:
+    """`fail` for messages that quote config values: brackets in them are not rich markup."""
+    from rich.markup import escape
+
+    return fail(escape(message))
+
+
+StateDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        envvar="NICOP_CLUSTER_DIR",
+        show_default="~/.local/state/nicop/cluster",
+        help="Directory holding the cluster's certificates, data, logs and kubeconfig.",
+    ),
+]
+HostRoot = Annotated[
+    Path,
+    typer.Option(
+        "--host-root",
+        envvar="NICOP_HOST_ROOT",
+        help="Where the node's filesystem is (sysfs, /dev, /var/lib/kubelet): / on a node, "
+        "a simulated node's root in tests.",
+    ),
+]
+LogFormat = Annotated[
+    str, typer.Option("--log-format", help="text, or json (one object per line).")
+]
+SimRoot = Annotated[
+    Path | None,
+    typer.Option("--sim-root", envvar="NICOP_SIM_ROOT",
+                 help="Simulated nodes only: the node's kernel and NIC hardware are the tree at "
+                 "this path (set by the node stand-in; `nicop sim-host build` makes one)."),
+]
+Kubeconfig = Annotated[
+    Path | None,
+    typer.Option(envvar="KUBECONFIG", help="Kubeconfig; ~/.kube/config or in-cluster when unset."),
+]
+
+
+def in_container(path: Path) -> Path:
+    """A path the agent was given, where it really is (the container's mounts, $NICOP_MOUNTS)."""
+    from nicop.node.host import Mounts
+
+    return Path(Mounts.from_env().real(str(path))) if path.is_absolute() else path
+
+
+def run_agent(main: object, log_format: str, log_level: str = "info") -> None:
+    """Run an agent's `main(stop)` until SIGTERM; exit 1 with the reason if it must give up."""
+    from nicop.node import agent
+
+    reason = agent.run_process(main, log_format, log_level)  # type: ignore[arg-type]
+    if reason:
+        raise fail_plain(reason)

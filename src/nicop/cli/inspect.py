@@ -1,0 +1,136 @@
+"""`nicop status` and `nicop diagnose`: what the stack is doing, and what is wrong with it."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from nicop.cli.common import Kubeconfig, app, console, fail, fail_plain
+
+OutputFormat = Annotated[
+    str, typer.Option("--output", "-o", help="table (for people), json or yaml (for scripts).")
+]
+OperatorNamespace = Annotated[
+    str,
+    typer.Option("--namespace", "-n", envvar="POD_NAMESPACE",
+                 help="Namespace of the operator and its components."),
+]
+
+
+def _print_data(data: object, output: str) -> None:
+    import json
+
+    import yaml
+
+    if output == "json":
+        print(json.dumps(data, indent=2))
+    else:
+        print(yaml.safe_dump(data, sort_keys=False), end="")
+
+
+@app.command("status")
+def status(
+    output: OutputFormat = "table",
+    watch: Annotated[
+        bool, typer.Option("--watch", "-w", help="Keep refreshing the tables.")
+    ] = False,
+    interval: Annotated[
+        float, typer.Option(min=0.5, help="Seconds between refreshes with --watch.")
+    ] = 2.0,
+    kubeconfig: Kubeconfig = None,
+    namespace: OperatorNamespace = "nvidia-network-operator",
+) -> None:
+    """Operator and leader, policy components, every node's driver, resources and VFs, IPAM
+    pools and driver upgrade progress (-o json follows docs/status-schema.json)."""
+    from nicop import status as status_module
+
+    if output not in ("table", "json", "yaml"):
+        raise fail(f"--output must be table, json or yaml, not {output!r}")
+    if watch and output != "table":
+        raise fail("--watch refreshes the tables; for scripts, run -o json repeatedly")
+
+    def read() -> dict[str, object]:
+        try:
+            snap = status_module.read_cluster(
+                kubeconfig, lambda client: status_module.collect(client, namespace))
+        except status_module.ClusterReadError as e:
+            raise fail_plain(str(e)) from None
+        return status_module.summarize(snap)
+
+    if not watch:
+        summary = read()
+        if output == "table":
+            # Piped into a file or a pager: as wide as the tables need, not 80 columns.
+            out = console if console.is_terminal else Console(
+                width=max(console.width, 240), highlight=False, soft_wrap=True)
+            out.print(status_module.render(summary))
+        else:
+            _print_data(summary, output)
+        return
+    import time
+
+    from rich.console import RenderableType
+    from rich.live import Live
+    from rich.text import Text
+
+    def view() -> RenderableType:
+        """The tables, or why the cluster could not be read this time (the watch goes on)."""
+        try:
+            snap = status_module.read_cluster(
+                kubeconfig, lambda client: status_module.collect(client, namespace))
+        except status_module.ClusterReadError as e:
+            return Text(f"cannot read the cluster: {e}; trying again every {interval:g}s",
+                        style="red")
+        return status_module.render(status_module.summarize(snap))
+
+    with contextlib.suppress(KeyboardInterrupt), Live(
+        view(), console=console, auto_refresh=False, screen=False
+    ) as live:
+        while True:
+            time.sleep(interval)
+            live.update(view(), refresh=True)
+
+
+@app.command("diagnose")
+def diagnose(
+    kind: Annotated[
+        str | None,
+        typer.Argument(metavar="node|pod",
+                       help="node or pod; leave out to check the whole cluster."),
+    ] = None,
+    name: Annotated[
+        str | None,
+        typer.Argument(metavar="NAME", help="NAME of the node, or NAMESPACE/NAME of the pod."),
+    ] = None,
+    output: OutputFormat = "table",
+    kubeconfig: Kubeconfig = None,
+    namespace: OperatorNamespace = "nvidia-network-operator",
+) -> None:
+    """Run the troubleshooting checklist on the cluster, a node or a pod; every failure names
+    its cause and fix. Exits 1 when a check fails."""
+    from nicop import diagnose as diagnose_module
+    from nicop import status as status_module
+
+    if output not in ("table", "json", "yaml"):
+        raise fail(f"--output must be table, json or yaml, not {output!r}")
+    try:
+        target = diagnose_module.Target.parse(kind, name)
+    except ValueError as e:
+        raise fail(str(e)) from None
+    try:
+        snap = status_module.read_cluster(
+            kubeconfig, lambda client: diagnose_module.collect(client, namespace, target))
+    except status_module.ClusterReadError as e:
+        raise fail_plain(str(e)) from None
+    checks = diagnose_module.diagnose(snap, target)
+    result = diagnose_module.report(snap, target, checks)
+    if output == "table":
+        console.print(diagnose_module.render(result))
+    else:
+        _print_data(result, output)
+    if diagnose_module.failed(checks):
+        raise typer.Exit(1)
+

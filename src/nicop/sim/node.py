@@ -1,0 +1,112 @@
+"""`nicop sim-node`: what a simulated node has besides what kwok plays.
+
+kwok keeps the Node object Ready and plays the pods of other images. This process is the rest of
+the node, for nicop: its hardware (the sysfs tree of its profile, built on first start, with a
+booted simulated kernel), the kubelet's device manager (plugin registration, the node's
+capacity, devices handed to pods, `nicop.sim.kubelet`) and the kubelet's container runtime for
+pods of nicop's image (`nicop.sim.pods`). Agents it starts are told that their kernel is the
+simulated one through the environment (`NICOP_SIM_ROOT`, `NICOP_DRIVER_BACKEND`,
+`NICOP_PF_RECORDER`, `NICOP_HOST_NETNS`), never through their pod spec, which stays the one a
+real node would run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from nicop.kube.client import ApiClient, load_config
+from nicop.kube.resources import NODE
+from nicop.node.host import Host
+from nicop.sim import hardware
+from nicop.sim.kernel import SimulatedKernel
+from nicop.sim.kubelet import Kubelet
+from nicop.sim.network import NodeNetwork
+from nicop.sim.pods import PodRunner
+
+log = logging.getLogger(__name__)
+
+DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+
+
+@dataclass
+class NodeOptions:
+    node_name: str
+    kubeconfig: Path
+    root: Path
+    """The node's filesystem: its simulated sysfs, /dev, /proc, /var/lib/kubelet, /etc ..."""
+    pods_dir: Path
+    """Where the node keeps its pods: volumes, container root directories, logs."""
+    netns: str | None = None
+    crash_backoff: float = 10.0
+
+
+def seed_of(node_name: str) -> int:
+    """Varies MACs and GUIDs between nodes: node-3 gets 3."""
+    tail = node_name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else zlib.crc32(node_name.encode()) & 0xFF
+
+
+def build_tree(root: Path, profile: hardware.Profile, seed: int) -> None:
+    """The node's hardware and a kernel booted with the inbox driver, unless already there."""
+    if (root / "sys").exists():
+        return
+    hardware.SimulatedHost.build(root, profile, seed)
+    SimulatedKernel.boot(root, release=profile.kernel, os_id=profile.os_id,
+                         os_version=profile.os_version)
+
+
+def sim_env(options: NodeOptions) -> dict[str, str]:
+    """What agents on this node learn of its simulated kernel (never from their pod spec)."""
+    env = {"NICOP_SIM_ROOT": str(options.root), "NICOP_DRIVER_BACKEND": "sim",
+           "NICOP_PF_RECORDER": str(options.root / ".sim" / "pf")}
+    if options.netns:
+        env["NICOP_HOST_NETNS"] = f"/run/netns/{options.netns}"
+    return env
+
+
+async def run(options: NodeOptions, stop: asyncio.Event) -> None:
+    client = ApiClient(options.kubeconfig)
+    kubelet = None
+    try:
+        node = await client.get(NODE, options.node_name)
+        name = (node["metadata"].get("annotations") or {}).get(hardware.PROFILE_ANNOTATION, "cpu")
+        profile = hardware.PROFILES.get(name)
+        if profile is None:
+            raise ValueError(f"node {options.node_name} has unknown hardware profile {name!r} "
+                             f"(annotation {hardware.PROFILE_ANNOTATION}); known: "
+                             f"{', '.join(hardware.PROFILES)}")
+        build_tree(options.root, profile, seed_of(options.node_name))
+        kubelet = Kubelet(Host(options.root).path(DEVICE_PLUGIN_DIR), options.node_name,
+                          options.kubeconfig)
+        await kubelet.start()
+        config = load_config(options.kubeconfig)
+        runner = PodRunner(
+            client, options.node_name, options.root, options.pods_dir,
+            server=config.cluster.server, ca_data=_ca_data(config),
+            crash_backoff=options.crash_backoff, extra_env=sim_env(options),
+        )
+        log.info("node %s (%s) stands in on %s", options.node_name, profile.name, options.root)
+        parts = [runner.run(stop)]
+        if options.netns:
+            network = NodeNetwork(client, options.node_name, options.root, options.pods_dir,
+                                  options.netns)
+            parts.append(network.run(stop))
+        await asyncio.gather(*parts)
+    finally:
+        if kubelet is not None:
+            await kubelet.close()
+        await client.close()
+
+
+def _ca_data(config: object) -> str:
+    """The cluster's CA as kubeconfig data (the stand-in's kubeconfig holds it either way)."""
+    import base64
+
+    cluster = config.cluster  # type: ignore[attr-defined]
+    if cluster.certificate_auth_data:
+        return str(cluster.certificate_auth_data)
+    return base64.b64encode(Path(cluster.certificate_auth).read_bytes()).decode()
