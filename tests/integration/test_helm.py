@@ -32,6 +32,7 @@ from lightkube.resources.core_v1 import Namespace, Node
 from lightkube.resources.rbac_authorization_v1 import ClusterRole
 
 from nicop.kube.client import FIELD_MANAGER
+from nicop.operator import cni_daemon, sriov_daemons
 from nicop.operator import nodes as node_rules
 from nicop.operator.run import LEASE_NAME
 from nicop.operator.states import STATES
@@ -43,11 +44,13 @@ CHART = ROOT / "deploy" / "helm" / "nicop"
 BUILD_HELM = ROOT / "hack" / "build-helm.sh"
 COPY_CRDS = "cp deploy/crds/*.yaml deploy/helm/nicop/crds/"
 Doc = dict[str, Any]
+KWOK_IMAGE = "registry.example.com/operator"  # played by kwok, unlike an image named nicop
 APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
 
 # The ClusterRoles (and their bindings, of the same names) the operator's states render: the
 # only cluster-scoped RBAC objects the chart lets the operator write.
-COMPONENT_RBAC = ("multus", "ofed-driver", "ib-kubernetes", "nv-ipam-controller", "nv-ipam-node")
+COMPONENT_RBAC = ("multus", "ofed-driver", "ib-kubernetes", "nv-ipam-controller", "nv-ipam-node",
+                  "sriov-network-config-daemon", "nicop-cni-daemon")
 
 
 # ------------------------------------------------------------------ helm
@@ -168,6 +171,7 @@ def test_operator_deployment_is_what_the_operator_expects(helm: Path) -> None:
     assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["CNI_BIN_DIR"] == "/opt/cni/bin"
     assert env["CNI_NETWORK_DIR"] == "/etc/cni/net.d"
+    assert env["NICOP_IMAGE"] == container["image"]  # the agents run from the chart's image
     assert container["args"][0] == "operator"
     assert "--leader-elect" in container["args"]
     assert "--log-format=json" in container["args"]
@@ -245,12 +249,14 @@ def test_operator_pod_meets_the_restricted_pod_security_standard(
 def test_install_upgrade_and_uninstall(
     helm: Path, kubectl: Kubectl, kubeconfig: Path, namespace: str, crds: list[str]
 ) -> None:
-    """The release lifecycle a user runs, with kwok standing in for the operator's pod: the
-    install waits for the Deployment, an upgrade replaces the pod, an uninstall removes every
-    object of the release but keeps the CRDs (and so the users' CRs)."""
+    """The release lifecycle a user runs, with kwok standing in for the operator's pod (an image
+    not named nicop, which the node stand-ins would run for real): the install waits for the
+    Deployment, an upgrade replaces the pod, an uninstall removes every object of the release
+    but keeps the CRDs (and so the users' CRs)."""
     release = f"r{uuid.uuid4().hex[:6]}"
     base = ["--kubeconfig", str(kubeconfig), "--namespace", namespace]
-    proc = run_helm(helm, "install", release, str(CHART), *base, "--wait", "--timeout", "90s")
+    proc = run_helm(helm, "install", release, str(CHART), *base, "--set",
+                    f"image.repository={KWOK_IMAGE}", "--wait", "--timeout", "90s")
     assert proc.returncode == 0, proc.stderr
     deployment = f"{release}-nicop"
 
@@ -259,11 +265,11 @@ def test_install_upgrade_and_uninstall(
                       "-o", "jsonpath={.items[*].spec.containers[0].image}")
         return out.stdout.strip()
 
-    assert images() == f"nicop:{APP_VERSION}"
+    assert images() == f"{KWOK_IMAGE}:{APP_VERSION}"
     proc = run_helm(helm, "upgrade", release, str(CHART), *base, "--reuse-values",
                     "--set", "image.tag=0.1.1", "--wait", "--timeout", "90s")
     assert proc.returncode == 0, proc.stderr
-    assert images() == "nicop:0.1.1"
+    assert images() == f"{KWOK_IMAGE}:0.1.1"
     proc = run_helm(helm, "uninstall", release, *base, "--wait")
     assert proc.returncode == 0, proc.stderr
     left = kubectl("get", f"deployment/{deployment}", f"serviceaccount/{deployment}",
@@ -388,6 +394,10 @@ ALLOWED: tuple[tuple[str, str], ...] = (
       for v in ("list", "watch", "create", "patch", "delete")),
     ("sriov", "update sriovoperatorconfigs.sriovnetwork.openshift.io --subresource=finalizers "
               "-n {ns}"),
+    # operator/sriov_daemons.py: the default operator config and its Ready condition
+    ("sriov daemons", "create sriovoperatorconfigs.sriovnetwork.openshift.io -n {ns}"),
+    ("sriov daemons", "patch sriovoperatorconfigs.sriovnetwork.openshift.io "
+                      "--subresource=status -n {ns}"),
     # operator/sriov_networks.py: networks in any namespace, their NADs, their namespaces
     *(("sriov networks", f"{v} {k} -A") for k in SRIOV_NETWORK_KINDS for v in ("list", "watch")),
     *(("sriov networks", f"patch {k} {sub}-n default") for k in SRIOV_NETWORK_KINDS
@@ -499,7 +509,8 @@ def full_policy() -> Doc:
 
 
 def rendered_by_states(namespace: str, nodes: list[Doc]) -> list[Doc]:
-    """Every object the operator's states render for the full policy on these nodes."""
+    """Every object the operator renders for its components: the states of the full policy on
+    these nodes, the SR-IOV daemons and the CNI daemon."""
     policy = full_policy()
     ctx = Context(policy, namespace, managed_nodes=[n for n in nodes if node_rules.is_managed(n)])
     missing = [s.name for s in STATES if s.section_of(policy) is None]
@@ -510,6 +521,10 @@ def rendered_by_states(namespace: str, nodes: list[Doc]) -> list[Doc]:
         section = state.section_of(policy)
         assert section is not None
         objects += state.render(ctx, section, state.path)
+    config = sriov_daemons.default_config(namespace, single_node=False)
+    objects += sriov_daemons.render_config_daemon(ctx, config)
+    objects += sriov_daemons.render_device_plugin(ctx, config)
+    objects += cni_daemon.render(ctx, ["sriov", "nv-ipam"])
     return objects
 
 

@@ -47,7 +47,7 @@ def test_one_policy_configures_the_selected_pf(tmp_path: Path) -> None:
 def test_a_policy_for_other_nodes_or_nics_configures_nothing(tmp_path: Path) -> None:
     other_node = policy("a", nodeSelector={"sriov": "no"})
     intel = policy("b", nicSelector={"vendor": "8086"})
-    assert node_state_spec([other_node, intel], NODE, found(tmp_path)) == {}
+    assert node_state_spec([other_node, intel], NODE, found(tmp_path)) == {"interfaces": []}
 
 
 def test_vf_ranges_of_one_pf_become_separate_groups(tmp_path: Path) -> None:

@@ -54,6 +54,7 @@ from nicop.api.sriovnetwork import (
     VERSION,
 )
 from nicop.kube.client import ApiClient, ApiError
+from nicop.kube.conditions import with_condition
 from nicop.kube.informer import Informer
 from nicop.kube.resources import NODE, Obj, Resource
 from nicop.node.discovery import NETWORK_CLASS, Inventory, PciFunction, scan
@@ -510,6 +511,7 @@ class SriovConfigDaemon:
         for informer in (self.states, self.configs):
             informer.on_change(lambda ev, obj, old: self._changed.set())
         self._failed: tuple[str, float] | None = None  # (spec hash, when) of the last failure
+        self._applied_generation: int | None = None
         self._rebooting: str | None = None  # spec hash a reboot was asked for
         self._node_annotated = False
         self.about = logs.about(NODE_STATE.kind, options.node_name, ns)
@@ -584,22 +586,23 @@ class SriovConfigDaemon:
         found = discover(self.host, stored, self.vf_vlan)
         work = plan(spec, found, stored)
         status = state.get("status") or {}
+        generation = state["metadata"].get("generation")
         if not work:
             self._failed = None
             if self._rebooting == key:
                 self._rebooting = None
             await self._request(IDLE)
-            await self._publish(found, SUCCEEDED, "")
+            await self._publish(found, SUCCEEDED, "", generation)
             return self.opts.resync_interval
         if self._failed is not None and self._failed[0] == key:
             left = self._failed[1] + self.opts.failed_retry_interval - time.monotonic()
             if left > 0:
-                await self._publish(found, FAILED, status.get("lastSyncError") or "")
+                await self._publish(found, FAILED, status.get("lastSyncError") or "", generation)
                 return left
         if self._rebooting == key:
             return self.opts.resync_interval  # the reboot asked for has not happened yet
         log.info("host differs from the spec: %s", work.describe(), extra=self.about)
-        await self._publish(found, IN_PROGRESS, status.get("lastSyncError") or "")
+        await self._publish(found, IN_PROGRESS, status.get("lastSyncError") or "", generation)
         if work.drain and not self._config_spec().get("disableDrain"):
             problem = await self._drain(REBOOT_REQUIRED if work.reboot else DRAIN_REQUIRED)
             if problem:
@@ -614,7 +617,7 @@ class SriovConfigDaemon:
         found = discover(self.host, stored, self.vf_vlan)
         self._failed = None
         log.info("applied", extra=self.about)
-        await self._publish(found, SUCCEEDED, "")
+        await self._publish(found, SUCCEEDED, "", self._applied_generation)
         return self.opts.resync_interval
 
     async def _apply(self, key: str) -> str | None:
@@ -631,6 +634,7 @@ class SriovConfigDaemon:
                 if await asyncio.to_thread(apply_work, self.kernel, self.store, self.firmware,
                                            work):
                     self._rebooting = key
+                self._applied_generation = state["metadata"].get("generation")
                 return None
             except ApplyError as e:
                 error = str(e)
@@ -702,13 +706,23 @@ class SriovConfigDaemon:
         self._node_annotated = True
 
     # ------------------------------------------------------------------ status
-    async def _publish(self, interfaces: list[Obj], sync_status: str, error: str) -> None:
+    async def _publish(self, interfaces: list[Obj], sync_status: str, error: str,
+                       generation: int | None = None) -> None:
+        """The status, and the condition `Ready` for the spec generation the host was compared
+        with (so the operator knows when a spec it wrote has been applied)."""
         state = self._state()
         if state is None:
             return
         status: dict[str, Any] = {"interfaces": interfaces, "syncStatus": sync_status,
                                   "lastSyncError": error}
         old = state.get("status") or {}
+        if generation is not None:
+            conditions = with_condition(
+                old.get("conditions") or [], "Ready", sync_status == SUCCEEDED, sync_status,
+                error or ("the host matches the spec" if sync_status == SUCCEEDED
+                          else "applying the spec"), generation)
+            if conditions is not None:
+                status["conditions"] = conditions
         if all(old.get(k) == v for k, v in status.items()):
             return
         if old.get("syncStatus") != sync_status:

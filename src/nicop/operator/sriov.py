@@ -239,9 +239,9 @@ def node_state_spec(policies: Iterable[Obj], node: Obj, found: list[Obj],
             continue
         _apply_policy(policy, interfaces, found, previous == _priority(policy))
         previous = _priority(policy)
-    spec: Obj = {}
-    if interfaces:
-        spec["interfaces"] = sorted(interfaces, key=lambda i: i["pciAddress"])
+    # Always a list, also an empty one: the API server reads an applied `spec: {}` as null and
+    # refuses it, and an empty list is what tells the daemon to reset the PFs it configured.
+    spec: Obj = {"interfaces": sorted(interfaces, key=lambda i: i["pciAddress"])}
     if rdma_mode:
         spec["system"] = {"rdmaMode": rdma_mode}
     return spec

@@ -9,8 +9,10 @@ As upstream's sriov-network-operator does, once an SriovNetworkNodePolicy exists
 - DaemonSet `sriov-device-plugin` runs `nicop sriov-device-plugin` on those of them labelled
   `sriovnetwork.openshift.io/device-plugin=Enabled`, each reading its node's key of the
   `device-plugin-config` ConfigMap that `operator.sriov` renders.
-Both belong to the SriovOperatorConfig (deleted with it) and go when the last policy goes. The
-config's `Ready` condition says whether they are rolled out.
+Both belong to the SriovOperatorConfig (deleted with it). When the last policy goes, the device
+plugin goes at once; the config daemon stays until every node state it applied has been reset
+(its empty spec applied, condition `Ready` for that generation), so no VF outlives its policy.
+The config's `Ready` condition says whether the daemons are rolled out.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from nicop.operator.sriov import (
 )
 from nicop.operator.sriov_drain import (
     CONFIG_NAME,
+    NODE_STATE,
     OPERATOR_CONFIG,
     operator_config,
     resource_prefix,
@@ -84,7 +87,9 @@ def render_config_daemon(ctx: Context, config: Obj) -> list[Obj]:
         service_account_name=CONFIG_DAEMON, managed_only=False, tolerations=TOLERATE_ALL,
         labels={"component": "network", "type": "infra"},
     )
-    ds["spec"]["template"]["spec"]["hostPID"] = True
+    pod = ds["spec"]["template"]["spec"]
+    pod["hostPID"] = True
+    pod["nodeSelector"] = node_selector(config)  # exactly the config's, as upstream
     return [service_account(ctx, CONFIG_DAEMON), *cluster_rbac(ctx, CONFIG_DAEMON, [
         {"apiGroups": ["sriovnetwork.openshift.io"],
          "resources": ["sriovnetworknodestates", "sriovnetworknodestates/status"],
@@ -111,11 +116,23 @@ def render_device_plugin(ctx: Context, config: Obj) -> list[Obj]:
         ["sriov-device-plugin", "--config-file=/etc/pcidp/$(NODE_NAME)",
          f"--resource-prefix={resource_prefix()}"],
         mounts=mounts, env=[NODE_NAME_ENV])
-    return [service_account(ctx, DEVICE_PLUGIN), daemonset(
-        ctx, DEVICE_PLUGIN, {}, [plugin], app=DEVICE_PLUGIN,
-        node_selector={**node_selector(config), DEVICE_PLUGIN_LABEL: "Enabled"},
-        volumes=volumes, service_account_name=DEVICE_PLUGIN, managed_only=False,
-        tolerations=TOLERATE_ALL)]
+    ds = daemonset(ctx, DEVICE_PLUGIN, {}, [plugin], app=DEVICE_PLUGIN, volumes=volumes,
+                   service_account_name=DEVICE_PLUGIN, managed_only=False,
+                   tolerations=TOLERATE_ALL)
+    ds["spec"]["template"]["spec"]["nodeSelector"] = {**node_selector(config),
+                                                      DEVICE_PLUGIN_LABEL: "Enabled"}
+    return [service_account(ctx, DEVICE_PLUGIN), ds]
+
+
+def settled(state: Obj) -> bool:
+    """The node state asks for no PF and its daemon has applied that, or no daemon ever ran
+    for it."""
+    if (state.get("spec") or {}).get("interfaces"):
+        return False
+    ready = next((c for c in (state.get("status") or {}).get("conditions") or []
+                  if c.get("type") == "Ready"), None)
+    return ready is None or (ready.get("status") == "True" and ready.get(
+        "observedGeneration") == state["metadata"].get("generation"))
 
 
 class SriovDaemonsController:
@@ -126,9 +143,10 @@ class SriovDaemonsController:
         self.namespace = namespace
         self.configs = manager.informer(OPERATOR_CONFIG, namespace)
         self.policies = manager.informer(POLICY, namespace)
+        self.states = manager.informer(NODE_STATE, namespace)
         self.nodes = manager.informer(NODE, metadata_only=True)
         self.controller = manager.add(Controller(self.KEY, self.reconcile))
-        for informer in (self.configs, self.policies):
+        for informer in (self.configs, self.policies, self.states):
             informer.on_change(lambda ev, obj, old: self.controller.queue.add(self.KEY))
         self.components = Components(manager, namespace, (CONFIG_DAEMON, DEVICE_PLUGIN),
                                      lambda name: self.controller.queue.add(self.KEY))
@@ -138,11 +156,17 @@ class SriovDaemonsController:
                     if p["metadata"]["name"] != DEPRECATED_DEFAULT_POLICY]
         config = operator_config(self.configs.store.items(), self.namespace)
         if not policies:
-            for name in (CONFIG_DAEMON, DEVICE_PLUGIN):
+            done = all(settled(s) for s in self.states.store.items())
+            for name in (DEVICE_PLUGIN, *([CONFIG_DAEMON] if done else [])):
                 if await self.components.remove(name):
                     log.info("no SR-IOV policy left: removed %s", name,
                              extra=logs.about("DaemonSet", name, self.namespace))
-            return None
+            if done or config is None:
+                return None
+            problems = await self.components.sync(CONFIG_DAEMON, render_config_daemon(
+                Context({"spec": {}}, self.namespace, agent_image=own_image()), config), config)
+            await self._condition(config, problems or ["resetting the nodes' VFs"])
+            return Result(requeue_after=ROLLOUT_RECHECK)
         if config is None:
             body = default_config(self.namespace, single_node=len(self.nodes.store) == 1)
             try:

@@ -356,8 +356,12 @@ class Container:
             return proc.returncode == 0, out.decode(errors="replace").strip()[-500:]
         if "httpGet" in probe:
             get = probe["httpGet"]
+            port = get["port"]
+            if isinstance(port, str) and not port.isdigit():  # a named port of the container
+                port = next((p["containerPort"] for p in self.spec.get("ports") or []
+                             if p.get("name") == port), port)
             url = (f"{get.get('scheme', 'HTTP').lower()}://{get.get('host') or '127.0.0.1'}:"
-                   f"{get['port']}{get.get('path', '/')}")
+                   f"{port}{get.get('path', '/')}")
             return await asyncio.to_thread(_http_probe, url, timeout)
         return False, "only exec and httpGet probes are run on simulated nodes"
 

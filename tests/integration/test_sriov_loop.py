@@ -1,0 +1,145 @@
+"""SR-IOV the way a cluster runs it: a node policy makes the operator deploy the config daemon
+and the SR-IOV device plugin; the daemon (a process the node stand-in started from that
+DaemonSet) creates the VFs, the plugin advertises them, and a pod on a SriovNetwork gets one in
+its network namespace with an address from an nv-ipam pool."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from lightkube import Client
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.apps_v1 import DaemonSet
+from lightkube.resources.core_v1 import Pod
+from tests.integration.agent_loop import agents, allocatable, delete, pods, ready, stand_ins
+from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
+
+from nicop.sim.cluster import LocalCluster
+
+NODE = "node-2"  # a ConnectX-6 Dx node of the shared cluster
+PF = "0000:3b:00.0"  # its first port, enp59s0f0np0
+VFS = 4
+GROUP = "sriovnetwork.openshift.io"
+NodePolicy = create_namespaced_resource(GROUP, "v1", "SriovNetworkNodePolicy",
+                                        "sriovnetworknodepolicies")
+NodeState = create_namespaced_resource(GROUP, "v1", "SriovNetworkNodeState",
+                                       "sriovnetworknodestates")
+OperatorConfig = create_namespaced_resource(GROUP, "v1", "SriovOperatorConfig",
+                                            "sriovoperatorconfigs")
+SriovNetwork = create_namespaced_resource(GROUP, "v1", "SriovNetwork", "sriovnetworks")
+IPPool = create_namespaced_resource("nv-ipam.nvidia.com", "v1alpha1", "IPPool", "ippools")
+DAEMONSETS = ("sriov-network-config-daemon", "sriov-device-plugin", "nicop-cni-daemon")
+
+
+def daemonsets(client: Client) -> set[str]:
+    return {d.metadata.name for d in client.list(DaemonSet, namespace=NAMESPACE)} & set(
+        DAEMONSETS)
+
+
+def numvfs(cluster: LocalCluster) -> int:
+    path = cluster.node_root(NODE) / f"sys/bus/pci/devices/{PF}/sriov_numvfs"
+    return int(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def policy(client: Client, operator: OperatorProcess, cluster: LocalCluster) -> Iterator[None]:
+    client.apply(NodePolicy(metadata=ObjectMeta(name="loop-vfs", namespace=NAMESPACE), spec={
+        "resourceName": "cx6dx_vf", "nodeSelector": {"kubernetes.io/hostname": NODE},
+        "numVfs": VFS, "nicSelector": {"pfNames": ["enp59s0f0np0"]}, "isRdma": True,
+        "linkType": "eth"}), field_manager="test", force=True)
+    yield
+    delete(client, NodePolicy, "loop-vfs", NAMESPACE)
+    # The config daemon resets the VFs it made, then goes with the rest.
+    wait_for(lambda: numvfs(cluster) == 0, timeout=120, what="the VFs to be removed")
+    wait_for(lambda: not daemonsets(client), timeout=120, what="the SR-IOV DaemonSets to go")
+    wait_for(lambda: not agents(cluster, NODE), timeout=60, what="the agents to end")
+    delete(client, OperatorConfig, "default", NAMESPACE)
+
+
+def test_the_config_daemon_pod_creates_the_vfs_and_the_plugin_advertises_them(
+        client: Client, cluster: LocalCluster, policy: None) -> None:
+    def state() -> dict[str, Any] | None:
+        try:
+            obj = client.get(NodeState, NODE, namespace=NAMESPACE)
+        except Exception:
+            return None
+        return obj if (obj.get("status") or {}).get("syncStatus") == "Succeeded" and \
+            numvfs(cluster) == VFS else None
+
+    wait_for(state, timeout=180, what=f"{VFS} VFs on {NODE} and its node state Succeeded")
+    wait_for(lambda: allocatable(client, NODE, "nvidia.com/cx6dx_vf") == VFS, timeout=60,
+             what=f"{VFS} nvidia.com/cx6dx_vf on {NODE}")
+    wait_for(lambda: [p for p in pods(client, NAMESPACE, {"app": "sriov-network-config-daemon"})
+                      if p.spec.nodeName == NODE and ready(p)], timeout=60,
+             what=f"the config daemon pod on {NODE} to be Ready")
+    config = client.get(OperatorConfig, "default", namespace=NAMESPACE)
+    assert config["spec"]["configDaemonNodeSelector"] == {}  # upstream's default object
+    parent = {pid for pid, node in stand_ins(cluster).items() if node == NODE}
+    commands = {p.command for p in agents(cluster, NODE) if p.ppid in parent}
+    assert {"sriov-config-daemon", "sriov-device-plugin"} <= commands, commands
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="pods' network namespaces need root; without "
+                    "it the node stand-ins run no CNI (the rest of this module still runs)")
+def test_a_pod_on_the_sriov_network_gets_a_vf_and_an_address(
+        client: Client, cluster: LocalCluster, namespace: str, policy: None) -> None:
+    wait_for(lambda: allocatable(client, NODE, "nvidia.com/cx6dx_vf") == VFS, timeout=180,
+             what="the VFs to be advertised")
+    client.create(IPPool(metadata=ObjectMeta(name="loop-pool", namespace=NAMESPACE), spec={
+        "subnet": "10.77.0.0/16", "perNodeBlockSize": 64, "gateway": "10.77.0.1"}))
+    client.create(SriovNetwork(metadata=ObjectMeta(name="loop-net", namespace=NAMESPACE), spec={
+        "resourceName": "cx6dx_vf", "networkNamespace": namespace, "vlan": 100,
+        "ipam": json.dumps({"type": "nv-ipam", "poolName": "loop-pool"})}))
+    try:
+        wait_for(lambda: [p for p in pods(client, NAMESPACE, {"app": "nicop-cni-daemon"})
+                          if p.spec.nodeName == NODE and ready(p)], timeout=120,
+                 what=f"the CNI daemon on {NODE}")
+        limits = {"nvidia.com/cx6dx_vf": "1"}
+        client.create(Pod(
+            metadata=ObjectMeta(name="vf-workload", namespace=namespace,
+                                annotations={"k8s.v1.cni.cncf.io/networks": "loop-net"}),
+            spec=PodSpec(nodeSelector={"kubernetes.io/hostname": NODE}, containers=[Container(
+                name="app", image="mellanox/rping-test",
+                resources=ResourceRequirements(requests=limits, limits=limits))])))
+
+        def attached() -> list[dict[str, Any]] | None:
+            pod = client.get(Pod, "vf-workload", namespace=namespace)
+            raw = (pod.metadata.annotations or {}).get("k8s.v1.cni.cncf.io/network-status")
+            return json.loads(raw) if raw and pod.status.phase == "Running" else None
+
+        (status,) = wait_for(attached, timeout=120, what="the pod's network status")
+        address = status["ips"][0]
+        assert address.startswith("10.77."), status
+        uid = client.get(Pod, "vf-workload", namespace=namespace).metadata.uid
+        netns = f"cni-{uid[:13]}"
+        shown = subprocess.run(["ip", "-n", netns, "-j", "addr", "show", "net1"],
+                               capture_output=True, text=True, check=True).stdout
+        assert address in [a["local"] for link in json.loads(shown)
+                           for a in link.get("addr_info", [])]
+        vf = status["device-info"]["pci"]["pci-address"]
+        netdev = os.listdir(cluster.node_root(NODE) / f"sys/bus/pci/devices/{vf}/net")[0]
+        node_links = subprocess.run(["ip", "-n", cluster.netns_of(NODE), "-j", "link", "show"],
+                                    capture_output=True, text=True, check=True).stdout
+        assert netdev not in [link["ifname"] for link in json.loads(node_links)]
+
+        delete(client, Pod, "vf-workload", namespace)
+        wait_for(lambda: not os.path.exists(f"/run/netns/{netns}"), timeout=60,
+                 what="the pod's network namespace to go")
+        node_links = subprocess.run(["ip", "-n", cluster.netns_of(NODE), "-j", "link", "show"],
+                                    capture_output=True, text=True, check=True).stdout
+        assert netdev in [link["ifname"] for link in json.loads(node_links)]
+        store = json.loads((cluster.node_root(NODE) / "var/lib/cni/nv-ipam/store").read_text())
+        assert not [e for p in store["pools"].values() for e in p["entries"].values()
+                    if e["ip_address"] == address], "the address was not given back"
+    finally:
+        delete(client, SriovNetwork, "loop-net", NAMESPACE)
+        delete(client, IPPool, "loop-pool", NAMESPACE)
+        wait_for(lambda: "nicop-cni-daemon" not in daemonsets(client), timeout=120,
+                 what="the CNI daemon to go with the last network")

@@ -1,0 +1,157 @@
+"""What the operator renders to run nicop's own agents: the same DaemonSets as for upstream's
+images (names, selectors, mounts, config), with nicop's command, image and probes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from nicop.api.agents import NICOP_POD_JQ, READY_PROBE, is_nicop_image, uses_nicop
+from nicop.operator import cni_daemon, sriov_daemons
+from nicop.operator.states import ofed, rdma_dp, sriov_dp
+from nicop.operator.states.base import Context, RenderError
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE = {"metadata": {"name": "n1", "labels": {
+    ofed.OS_LABEL: "ubuntu", ofed.OS_VERSION_LABEL: "22.04",
+    ofed.KERNEL_LABEL: "5.15.0-122-generic", ofed.ARCH_LABEL: "amd64"}}}
+RDMA_CONFIG = json.dumps({"configList": [{"resourceName": "rdma", "rdmaHcaMax": 63,
+                                          "selectors": {"vendors": ["15b3"]}}]})
+
+
+def ctx(spec: dict[str, Any] | None = None) -> Context:
+    return Context({"metadata": {"name": "p", "uid": "u"}, "spec": spec or {}},
+                   "nvidia-network-operator", managed_nodes=[NODE], agent_image="reg/nicop:1.2")
+
+
+def daemonsets(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == "DaemonSet"]
+
+
+def pod_of(ds: dict[str, Any]) -> dict[str, Any]:
+    return ds["spec"]["template"]["spec"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("ref", "nicop"), [
+    ("nicop", True), ("nicop:0.1.0", True), ("registry.example.com/team/nicop:dev", True),
+    ("localhost:5000/nicop@sha256:" + "a" * 64, True), ("ghcr.io/mellanox/nicop-agent:1", False),
+    ("nvcr.io/nvidia/mellanox/doca-driver:25.10", False), ("mynicop:1", False),
+])
+def test_an_image_is_nicop_by_its_name(ref: str, nicop: bool) -> None:
+    assert is_nicop_image(ref) is nicop
+
+
+def test_kwok_skips_exactly_the_pods_the_node_stand_in_runs() -> None:
+    """kwok's stage selectors and nicop.api.agents use one rule for nicop's pods."""
+    stages = list(yaml.safe_load_all((ROOT / "src/nicop/sim/kwok-stages.yaml").read_text()))
+    pod_stages = [s for s in stages if s["spec"]["resourceRef"]["kind"] == "Pod"]
+    assert pod_stages
+    for stage in pod_stages:
+        keys = {e["key"]: e for e in stage["spec"]["selector"]["matchExpressions"]}
+        assert keys[NICOP_POD_JQ]["operator"] == "NotIn"
+        assert keys[NICOP_POD_JQ]["values"] == ["true"]
+
+
+def test_a_section_picks_nicop_by_image_name() -> None:
+    assert uses_nicop({"image": "nicop"})
+    assert not uses_nicop({"image": "doca-driver", "repository": "nicop"})
+    assert not uses_nicop(None)
+
+
+def test_nicop_driver_keeps_upstreams_daemonset_and_runs_the_agent() -> None:
+    section = {"image": "nicop", "version": "25.10-1.2.8.0",
+               "upgradePolicy": {"autoUpgrade": True, "safeLoad": True}}
+    upstream = {**section, "image": "doca-driver", "repository": "nvcr.io/nvidia/mellanox"}
+    mine = daemonsets(ofed.render(ctx({"ofedDriver": section}), section, "spec.ofedDriver"))[0]
+    theirs = daemonsets(ofed.render(ctx({"ofedDriver": upstream}), upstream,
+                                    "spec.ofedDriver"))[0]
+    for key in ("name", "labels"):
+        assert mine["metadata"][key] == theirs["metadata"][key]
+    assert mine["spec"]["selector"] == theirs["spec"]["selector"]
+    assert mine["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert pod_of(mine)["volumes"] == pod_of(theirs)["volumes"]
+    agent = pod_of(mine)["containers"][0]
+    assert agent["image"] == "reg/nicop:1.2"
+    assert agent["command"] == ["nicop", "driver", "run", "--safe-load"]
+    assert agent["volumeMounts"] == pod_of(theirs)["containers"][0]["volumeMounts"]
+    assert {"name": "NVIDIA_NIC_DRIVER_VER", "value": "25.10-1.2.8.0"} in agent["env"]
+    assert agent["startupProbe"]["exec"]["command"] == ["nicop", "driver", "probe", "startup"]
+    assert agent["readinessProbe"]["exec"]["command"][-1] == "readiness"
+    assert agent["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_nicop_driver_needs_the_driver_version() -> None:
+    section = {"image": "nicop"}
+    with pytest.raises(RenderError) as e:
+        ofed.render(ctx({"ofedDriver": section}), section, "spec.ofedDriver")
+    assert e.value.field == "spec.ofedDriver.version"
+
+
+@pytest.mark.parametrize(("state", "section", "command"), [
+    (rdma_dp, "rdmaSharedDevicePlugin", ["nicop", "rdma-device-plugin"]),
+    (sriov_dp, "sriovDevicePlugin", ["nicop", "sriov-device-plugin"]),
+])
+def test_nicop_device_plugins_read_upstreams_config_where_upstream_does(
+        state: Any, section: str, command: list[str]) -> None:
+    spec = {"image": "nicop", "config": RDMA_CONFIG}
+    upstream = {"image": "plugin", "repository": "ghcr.io/x", "version": "v1",
+                "config": RDMA_CONFIG}
+    mine = state.render(ctx({section: spec}), spec, f"spec.{section}")
+    theirs = state.render(ctx({section: upstream}), upstream, f"spec.{section}")
+    assert [o for o in mine if o["kind"] == "ConfigMap"] == [
+        o for o in theirs if o["kind"] == "ConfigMap"]
+    ds, their_ds = daemonsets(mine)[0], daemonsets(theirs)[0]
+    assert ds["metadata"]["name"] == their_ds["metadata"]["name"]
+    assert pod_of(ds)["volumes"] == pod_of(their_ds)["volumes"]
+    agent = pod_of(ds)["containers"][0]
+    assert agent["command"] == command and agent["image"] == "reg/nicop:1.2"
+    assert agent["volumeMounts"] == pod_of(their_ds)["containers"][0]["volumeMounts"]
+    assert agent["readinessProbe"]["exec"]["command"] == READY_PROBE
+    assert {"name": "NICOP_READY_FILE", "value": "/run/nicop-agent/ready"} in agent["env"]
+
+
+def test_sriov_daemons_follow_the_operator_configs_node_selector() -> None:
+    config = sriov_daemons.default_config("ns", single_node=False)
+    assert config["spec"]["configDaemonNodeSelector"] == {}
+    config["metadata"]["uid"] = "u"
+    daemon = daemonsets(sriov_daemons.render_config_daemon(ctx(), config))[0]
+    assert daemon["metadata"]["name"] == "sriov-network-config-daemon"
+    assert pod_of(daemon)["nodeSelector"] == {"kubernetes.io/os": "linux",
+                                              "node-role.kubernetes.io/worker": ""}
+    assert pod_of(daemon)["containers"][0]["command"] == [
+        "nicop", "sriov-config-daemon", "--host-root", "/host"]
+    assert pod_of(daemon)["volumes"] == [{"name": "host", "hostPath": {"path": "/"}}]
+    config["spec"]["configDaemonNodeSelector"] = {"sriov": "yes"}
+    plugin = daemonsets(sriov_daemons.render_device_plugin(ctx(), config))[0]
+    assert pod_of(plugin)["nodeSelector"] == {
+        "sriov": "yes", "sriovnetwork.openshift.io/device-plugin": "Enabled"}
+    agent = pod_of(plugin)["containers"][0]
+    assert "--config-file=/etc/pcidp/$(NODE_NAME)" in agent["command"]
+    assert {"name": "config", "configMap": {"name": "device-plugin-config"}} in pod_of(
+        plugin)["volumes"]
+
+
+def test_the_cni_daemon_installs_the_plugins_networks_use() -> None:
+    nads = [
+        {"spec": {"config": json.dumps({"type": "sriov", "ipam": {"type": "nv-ipam"}})}},
+        {"spec": {"config": json.dumps({"cniVersion": "1.0.0", "plugins": [
+            {"type": "host-device"}, {"type": "tuning"}]})}},
+        {"spec": {"config": json.dumps({"type": "macvlan", "ipam": {"type": "whereabouts"}})}},
+        {"spec": {"config": "not json"}},
+    ]
+    assert cni_daemon.used_plugins(nads) == ["host-device", "nv-ipam", "sriov"]
+    assert cni_daemon.used_plugins(nads[2:]) == []
+    objects = cni_daemon.render(ctx(), ["host-device", "sriov"])
+    pod = pod_of(daemonsets(objects)[0])
+    install = pod["initContainers"][0]
+    assert install["command"][:2] == ["nicop", "cni-install"]
+    assert "--plugin=host-device" in install["command"] and "--plugin=sriov" in install[
+        "command"]
+    assert install["volumeMounts"][0] == {"name": "cni-bin", "mountPath": "/host/opt/cni/bin"}
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert len(terms) == 2  # managed nodes, or nodes with SR-IOV resources
