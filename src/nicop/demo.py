@@ -1,15 +1,15 @@
 """`nicop demo`: the whole system on one machine, step by step, with simulated GPU nodes.
 
-Everything that would run in the cluster runs here as a local process recorded with the
-cluster (so `nicop cluster down` stops it): the operator, and on each managed node the kubelet
-stand-in and the two device plugins, on that node's simulated hardware tree. kwok plays the
-pods' containers; the kubelet stand-in hands them their devices.
+The demo starts the local cluster (whose node stand-ins run the pods of nicop's image on each
+node's simulated hardware) and the operator, and nothing else: every agent runs because the
+operator rendered a DaemonSet for it. It then applies what a user would, and shows the result.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -25,20 +25,21 @@ from rich.table import Table
 
 from nicop.sim import hardware
 from nicop.sim.cluster import ClusterError, LocalCluster, free_port
-from nicop.sim.hardware import PROFILE_ANNOTATION
 
 NAMESPACE = "nvidia-network-operator"
-POLICY_FILE = Path(__file__).resolve().parents[2] / "examples" / "nicclusterpolicy-demo.yaml"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+POLICY_FILE = EXAMPLES / "nicclusterpolicy-demo.yaml"
+SRIOV_FILE = EXAMPLES / "demo" / "sriov.yaml"
 DEVICES_ANNOTATION = "nicop.io/devices"
-OLD_DRIVER = "doca3.5.0-26.07-0.7.0.0-0"  # the version in the demo policy
-NEW_DRIVER = "doca3.5.0-26.07-1.0.0.0-0"
-VFS_PER_PF = 4
-EXPECTED_RESOURCES = {"ib": {"nvidia.com/rdma"},
-                      "eth": {"nvidia.com/rdma_roce", "nvidia.com/cx6dx_vf"}}
+NETWORK_STATUS = "k8s.v1.cni.cncf.io/network-status"
+OLD_DRIVER = "26.07-0.7.0.0"  # the version in the demo policy
+NEW_DRIVER = "26.07-1.0.0.0"
+EXPECTED_RESOURCES = {"ib": {"nvidia.com/rdma"}, "eth": {"nvidia.com/rdma_roce"}}
+VF_RESOURCE = "nvidia.com/cx6dx_vf"
 BROKEN_POD = "rdma-wrong-name"
-WORKLOADS = {
-    "rdma-test": {"nvidia.com/rdma": "1"},
-    "sriov-test": {"nvidia.com/cx6dx_vf": "1", "nvidia.com/rdma_roce": "1"},
+WORKLOADS: dict[str, tuple[dict[str, str], str | None]] = {
+    "rdma-test": ({"nvidia.com/rdma": "1"}, None),
+    "sriov-test": ({VF_RESOURCE: "1", "nvidia.com/rdma_roce": "1"}, "roce-vlan100"),
 }
 
 
@@ -47,6 +48,7 @@ class Demo:
         self.console = console
         self.cluster = cluster
         self.client: Any = None
+        self.applied_at = 0.0
 
     def step(self, title: str) -> None:
         self.console.rule(f"[bold]{title}")
@@ -60,7 +62,18 @@ class Demo:
                     return result
                 time.sleep(0.5)
         raise ClusterError(f"timed out after {timeout:.0f}s: {what}; logs are in "
-                           f"{self.cluster.log_dir}")
+                           f"{self.cluster.log_dir}; try `nicop diagnose`")
+
+    def apply(self, body: dict[str, Any]) -> None:
+        """kubectl apply --server-side of one object of a nicop kind."""
+        from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+
+        from nicop.api.kinds import kind_for
+
+        crd = kind_for(body["apiVersion"], body["kind"]).crd
+        make = create_namespaced_resource if crd.namespaced else create_global_resource
+        kind = make(crd.group, crd.version, crd.kind, crd.plural)
+        self.client.apply(kind(**body), field_manager="nicop-demo", force=True)
 
     # ------------------------------------------------------------------ steps
     def start_cluster(self, nodes: int, profiles: list[str] | None) -> None:
@@ -73,6 +86,8 @@ class Demo:
             self.console.print(f"  up in {result.seconds:.1f}s at {self.cluster.server}")
         self.client = self.cluster.client()
         show_nodes(self.console, self.client)
+        self.console.print("  Each node has a node stand-in (`nicop sim-node`): its kubelet for "
+                           "nicop, running the pods of nicop's image there as processes.")
 
     def start_operator(self) -> None:
         from lightkube.core.exceptions import ApiError
@@ -89,43 +104,18 @@ class Demo:
         except ApiError as e:
             if e.status.code != 409:
                 raise
-        port = free_port()
         proc = self.cluster.start_process("operator", [
             sys.executable, "-m", "nicop", "operator", "--kubeconfig",
             str(self.cluster.kubeconfig), "--namespace", NAMESPACE,
-            "--health-port", str(port), "--log-format", "json"])
-        self.console.print(f"  nicop operator running (pid {proc.pid}, log {proc.log})")
-
-    def start_node_agents(self) -> list[str]:
-        """The kubelet stand-in on every node with a Mellanox NIC, on its simulated hardware."""
-        from lightkube.resources.core_v1 import Node
-
-        self.step("3. Node agents on simulated hardware")
-        managed = []
-        for i, node in enumerate(sorted(self.client.list(Node), key=lambda n: n.metadata.name)):
-            profile = hardware.PROFILES.get(
-                (node.metadata.annotations or {}).get(PROFILE_ANNOTATION, ""))
-            if profile is None or not profile.has_mellanox_nic:
-                continue
-            name = node.metadata.name
-            root = self.node_root(name)
-            if not (root / "sys").exists():
-                sim = hardware.SimulatedHost.build(root, profile, seed=i + 1)
-                if any(n.link_type == "eth" for n in profile.nics):
-                    for pf in sim.pfs():  # what the SR-IOV config daemon would do
-                        sim.set_numvfs(pf, VFS_PER_PF)
-            self.agent(f"{name}/kubelet", ["sim-kubelet", "--host-root", str(root),
-                                           "--node-name", name,
-                                           "--kubeconfig", str(self.cluster.kubeconfig)])
-            managed.append(name)
-            self.console.print(f"  {name}: {profile.description}; tree {root}")
-        return managed
+            "--health-port", str(free_port()), "--log-format", "json"])
+        self.console.print(f"  nicop operator running (pid {proc.pid}, log {proc.log}); the "
+                           "rest comes from what it deploys")
 
     def apply_policy(self) -> None:
-        self.step("4. Apply the NicClusterPolicy and watch it become ready")
         from lightkube.core.exceptions import ApiError
         from lightkube.generic_resource import create_global_resource
 
+        self.step("3. Apply the NicClusterPolicy and watch it become ready")
         self.console.print(f"  kubectl apply -f {POLICY_FILE}")
         ncp = create_global_resource("mellanox.com", "v1alpha1", "NicClusterPolicy",
                                      "nicclusterpolicies")
@@ -133,7 +123,8 @@ class Demo:
         with contextlib.suppress(ApiError):  # a second run keeps the driver version it left
             current = self.client.get(ncp, "nic-cluster-policy")["spec"]["ofedDriver"]
             body["spec"]["ofedDriver"]["version"] = current["version"]
-        self.client.apply(ncp(**body), field_manager="nicop-demo", force=True)
+        self.applied_at = time.monotonic()
+        self.apply(body)
         deadline = time.monotonic() + 240
         with Live(policy_table({}), console=self.console, refresh_per_second=2) as live:
             while time.monotonic() < deadline:
@@ -146,49 +137,76 @@ class Demo:
                 raise ClusterError("the policy did not become ready in 240s; run "
                                    "`nicop diagnose` and see logs/operator.log")
         ready = next(c for c in status["conditions"] if c["type"] == "Ready")
-        self.console.print(escape(f"  policy ready: {ready['message']}"))
+        self.console.print(escape(f"\n  policy ready {time.monotonic() - self.applied_at:.0f}s "
+                                  f"after the apply: {ready['message']}"))
 
-    def start_device_plugins(self, managed: list[str]) -> None:
-        """Run both plugins on each node where the operator scheduled them, with its config."""
-        from lightkube.resources.core_v1 import ConfigMap, Node, Pod
+    def show_agents(self) -> None:
+        """What runs where: the agents' pods, the processes the node stand-ins started for
+        them, and the resources their device plugins advertise."""
+        from lightkube.resources.core_v1 import Node, Pod
 
-        self.step("5. Device plugins advertise RDMA devices and VFs")
-        rdma = self.client.get(ConfigMap, "rdma-devices", namespace=NAMESPACE).data["config.json"]
-        sriov = self.client.get(ConfigMap, "network-operator-sriovdp-config",
-                                namespace=NAMESPACE).data["config.json"]
-        scheduled = {p.spec.nodeName for p in self.client.list(Pod, namespace=NAMESPACE)
-                     if (p.metadata.labels or {}).get("app") in ("rdma-shared-dp", "sriovdp")}
-        for name in managed:
-            if name not in scheduled:
+        self.step("4. nicop's agents run from the operator's DaemonSets")
+        table = Table("node", "pod", "ready", "process (started by the node's stand-in)")
+        agents = self.cluster.agents()
+        for pod in sorted(self.client.list(Pod, namespace=NAMESPACE),
+                          key=lambda p: (p.spec.nodeName or "", p.metadata.name)):
+            if not pod.spec.containers[0].image.rsplit("/", 1)[-1].startswith("nicop"):
                 continue
-            root = self.node_root(name)
-            for file, text in (("rdma.json", rdma), ("sriov.json", sriov)):
-                (root / "etc" / "nicop").mkdir(parents=True, exist_ok=True)
-                (root / "etc" / "nicop" / file).write_text(text)
-            self.agent(f"{name}/rdma-device-plugin", [
-                "rdma-device-plugin", "--host-root", str(root),
-                "--config-file", str(root / "etc" / "nicop" / "rdma.json")])
-            self.agent(f"{name}/sriov-device-plugin", [
-                "sriov-device-plugin", "--host-root", str(root),
-                "--config-file", str(root / "etc" / "nicop" / "sriov.json")])
+            node = pod.spec.nodeName or "-"
+            procs = [f"pid {a.pid}: nicop {a.command}" for a in agents
+                     if a.node == node and a.pod == pod.metadata.name]
+            ready = any(c.type == "Ready" and c.status == "True"
+                        for c in pod.status.conditions or [])
+            table.add_row(node, pod.metadata.name, "yes" if ready else "no",
+                          escape(", ".join(procs) or "-"))
+        self.console.print(table)
 
         def advertised() -> dict[str, dict[str, str]]:
             found = {}
             for node in self.client.list(Node):
-                name = node.metadata.name
-                if name not in scheduled:
+                if (node.metadata.labels or {}).get(
+                        "network.nvidia.com/operator.mofed.wait") != "false":
                     continue
                 extended = {k: v for k, v in (node.status.allocatable or {}).items()
                             if k.startswith("nvidia.com/") and v != "0"}
                 if not set(extended) >= self.expected_resources(node):
                     return {}
-                found[name] = extended
+                found[node.metadata.name] = extended
             return found
 
         for node_name, resources in sorted(self.wait("waiting for node allocatable",
                                                      advertised).items()):
             listed = ", ".join(f"{k}={v}" for k, v in sorted(resources.items()))
             self.console.print(f"  {node_name}: {listed}")
+
+    def sriov(self) -> None:
+        from lightkube.resources.core_v1 import Node
+
+        self.step("5. An SR-IOV node policy: the config daemon creates the VFs")
+        self.console.print(f"  kubectl apply -f {SRIOV_FILE}")
+        for body in yaml.safe_load_all(SRIOV_FILE.read_text()):
+            self.apply(body)
+
+        def vfs() -> dict[str, str]:
+            """Every labelled ConnectX-6 Dx node with 4 VFs per port advertised."""
+            found, complete = {}, True
+            for n in self.client.list(Node):
+                profile = hardware.PROFILES.get((n.metadata.annotations or {}).get(
+                    hardware.PROFILE_ANNOTATION, ""))
+                labelled = (n.metadata.labels or {}).get(hardware.MELLANOX_PRESENT_LABEL)
+                if profile is None or labelled != "true" or not any(
+                        nic.device_id == "101d" for nic in profile.nics):
+                    continue
+                want = 4 * sum(nic.ports for nic in profile.nics if nic.device_id == "101d")
+                found[n.metadata.name] = (n.status.allocatable or {}).get(VF_RESOURCE, "0")
+                complete &= found[n.metadata.name] == str(want)
+            return found if found and complete else {}
+
+        for node, count in sorted(self.wait(f"waiting for {VF_RESOURCE}", vfs).items()):
+            root = self.cluster.node_root(node)
+            made = sorted((root / "sys/class/net").glob("*v[0-9]*"))
+            self.console.print(f"  {node}: {VF_RESOURCE}={count}; VF netdevs "
+                               f"{', '.join(p.name for p in made)}")
 
     def run_pods(self) -> None:
         from lightkube.models.apps_v1 import DeploymentSpec
@@ -201,36 +219,55 @@ class Demo:
         from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
         from lightkube.resources.apps_v1 import Deployment
 
-        self.step("6. Pods get their devices")
-        for name, resources in WORKLOADS.items():
-            self.console.print(f"  deployment default/{name}: one pod requesting {resources}")
+        self.step("6. Pods get their devices, and a VF with an address on the SR-IOV network")
+        for name, (resources, network) in WORKLOADS.items():
+            extra = f" on network {network}" if network else ""
+            self.console.print(f"  deployment default/{name}: one pod requesting "
+                               f"{resources}{extra}")
             labels = {"app": name}
+            annotations = {"k8s.v1.cni.cncf.io/networks": network} if network else None
             self.client.apply(Deployment(
                 metadata=ObjectMeta(name=name, namespace="default"),
                 spec=DeploymentSpec(
                     replicas=1, selector=LabelSelector(matchLabels=labels),
-                    template=PodTemplateSpec(metadata=ObjectMeta(labels=labels), spec=PodSpec(
-                        containers=[Container(
+                    template=PodTemplateSpec(
+                        metadata=ObjectMeta(labels=labels, annotations=annotations),
+                        spec=PodSpec(containers=[Container(
                             name="app", image="mellanox/rping-test",
                             resources=ResourceRequirements(requests=resources,
                                                            limits=resources))]))),
             ), field_manager="nicop-demo", force=True)
-        self.show_pods()
+        self.show_pods(first=True)
 
-    def show_pods(self) -> None:
-        for name in WORKLOADS:
+    def show_pods(self, first: bool = False) -> None:
+        networks = os.geteuid() == 0
+        for name, (_, network) in WORKLOADS.items():
             pod = self.wait(f"waiting for the pod of {name}",
-                            partial(_allocated, self.client, name))
+                            partial(_allocated, self.client, name,
+                                    bool(network) and networks))
+            if first and name == "rdma-test" and self.applied_at:
+                self.console.print(f"  (the first workload pod ran with its devices "
+                                   f"{time.monotonic() - self.applied_at:.0f}s after the "
+                                   "policy was applied)")
             devices = json.loads(pod.metadata.annotations[DEVICES_ANNOTATION])["app"]
             self.console.print(f"  {pod.metadata.name}: {pod.status.phase} on {pod.spec.nodeName}")
             for resource, got in sorted(devices.items()):
                 env = ", ".join(f"{k}={v}" for k, v in sorted(got["env"].items())
                                 if not k.endswith("_INFO"))
-                devices = got["devices"]
-                shown = ", ".join(devices[:4]) + (f" and {len(devices) - 4} more"
-                                                  if len(devices) > 4 else "")
+                shown = ", ".join(got["devices"][:4]) + (
+                    f" and {len(got['devices']) - 4} more" if len(got["devices"]) > 4 else "")
                 self.console.print(escape(f"    {resource}: {shown}"
                                           + (f"; env {env}" if env else "")))
+            if network and networks:
+                for attached in json.loads(pod.metadata.annotations[NETWORK_STATUS]):
+                    self.console.print(escape(
+                        f"    {attached['name']}: {attached['interface']} "
+                        f"{', '.join(attached['ips'])} mac {attached['mac']} (VF "
+                        f"{attached['device-info']['pci']['pci-address']})"))
+            elif network:
+                self.console.print(f"    {network}: skipped, not root: the node stand-ins "
+                                   "need root for network namespaces, so pods get their VF "
+                                   "but no interface")
 
     def upgrade_driver(self) -> None:
         from lightkube.generic_resource import create_global_resource
@@ -248,7 +285,7 @@ class Demo:
         seen_progress = False
         with Live(console=self.console, refresh_per_second=2) as live:
             while time.monotonic() < deadline:
-                table, done, total = upgrade_table(self.client, target)
+                table, done, total = upgrade_table(self.client, self.cluster, target)
                 live.update(table)
                 seen_progress |= done < total
                 if seen_progress and done == total:
@@ -256,8 +293,9 @@ class Demo:
                 time.sleep(0.5)
             else:
                 raise ClusterError("the upgrade did not finish in 300s; see `nicop status`")
-        self.console.print(f"  every node runs {target}; all uncordoned. The workload pods "
-                           "were evicted from each node before its driver restarted:")
+        self.console.print(f"\n  every node's driver agent loaded {target}; all uncordoned. The "
+                           "workload pods were evicted from each node before its driver "
+                           "restarted:")
         self.show_pods()
 
     def diagnose(self) -> None:
@@ -296,22 +334,17 @@ class Demo:
                      "kubectl get pods -A -o wide",
                      "nicop status",
                      "nicop diagnose node node-4",
+                     f"ls {self.cluster.state_dir}/p/<node>/      # each pod's volumes and logs",
                      "nicop cluster down      # stops every process; data stays for the next run"):
             self.console.print(f"  {line}")
 
     # ------------------------------------------------------------------ helpers
     def expected_resources(self, node: Any) -> set[str]:
-        """What the demo policy's plugins advertise on this node's hardware."""
-        profile = hardware.PROFILES[(node.metadata.annotations or {})[PROFILE_ANNOTATION]]
+        """What the demo policy's RDMA plugin advertises on this node's hardware."""
+        profile = hardware.PROFILES[(node.metadata.annotations or {})[
+            hardware.PROFILE_ANNOTATION]]
         links = {n.link_type for n in profile.nics}
         return set().union(*(EXPECTED_RESOURCES[link] for link in links))
-
-    def node_root(self, node: str) -> Path:
-        # Short: unix socket paths under it must stay below 108 bytes.
-        return self.cluster.state_dir / "n" / node
-
-    def agent(self, name: str, args: list[str]) -> None:
-        self.cluster.start_process(name, [sys.executable, "-m", "nicop", *args])
 
 
 def run(console: Console, nodes: int, profiles: list[str] | None, state_dir: Path | None,
@@ -320,9 +353,9 @@ def run(console: Console, nodes: int, profiles: list[str] | None, state_dir: Pat
     started = time.monotonic()
     demo.start_cluster(nodes, profiles)
     demo.start_operator()
-    managed = demo.start_node_agents()
     demo.apply_policy()
-    demo.start_device_plugins(managed)
+    demo.show_agents()
+    demo.sriov()
     demo.run_pods()
     demo.upgrade_driver()
     demo.diagnose()
@@ -330,13 +363,15 @@ def run(console: Console, nodes: int, profiles: list[str] | None, state_dir: Pat
     demo.explore()
 
 
-def _allocated(client: Any, app: str) -> Any:
-    """The Running pod of deployment `app` once the kubelet stand-in gave it its devices."""
+def _allocated(client: Any, app: str, networked: bool) -> Any:
+    """The Running pod of deployment `app` once the node gave it its devices (and networks)."""
     from lightkube.resources.core_v1 import Pod
 
     for pod in client.list(Pod, namespace="default", labels={"app": app}):
-        annotated = DEVICES_ANNOTATION in (pod.metadata.annotations or {})
-        if annotated and pod.status.phase == "Running" and not pod.metadata.deletionTimestamp:
+        annotations = pod.metadata.annotations or {}
+        running = pod.status.phase == "Running" and not pod.metadata.deletionTimestamp
+        attached = not networked or NETWORK_STATUS in annotations
+        if running and DEVICES_ANNOTATION in annotations and attached:
             return pod
     return None
 
@@ -355,7 +390,7 @@ def show_nodes(console: Console, client: Any) -> None:
     for node in client.list(Node):
         labels = node.metadata.labels or {}
         profile = hardware.PROFILES.get(
-            (node.metadata.annotations or {}).get(PROFILE_ANNOTATION, ""))
+            (node.metadata.annotations or {}).get(hardware.PROFILE_ANNOTATION, ""))
         nics = ", ".join(f"{n.model} ({n.link_type})" for n in profile.nics) if profile else "?"
         labelled = labels.get(hardware.MELLANOX_PRESENT_LABEL) == "true"
         note = "true" if labelled else (
@@ -375,27 +410,27 @@ def policy_table(status: dict[str, Any]) -> Table:
     for entry in status.get("appliedStates") or []:
         color = colors.get(entry["state"], "white")
         table.add_row(entry["name"], f"[{color}]{entry['state']}[/{color}]",
-                      (entry.get("message") or "")[:110])
+                      escape((entry.get("message") or "")[:110]))
     return table
 
 
-def upgrade_table(client: Any, target: str) -> tuple[Table, int, int]:
-    from lightkube.resources.core_v1 import Node, Pod
+def upgrade_table(client: Any, cluster: LocalCluster, target: str) -> tuple[Table, int, int]:
+    """Each node's upgrade state and the driver version its simulated kernel has loaded."""
+    from lightkube.resources.core_v1 import Node
 
-    images = {p.spec.nodeName: p.spec.containers[0].image.rsplit(":", 1)[-1]
-              for p in client.list(Pod, namespace=NAMESPACE,
-                                   labels={"nvidia.com/ofed-driver": None})}
-    table = Table("node", "upgrade state", "cordoned", "driver image tag")
+    from nicop.node.driver import version_matches
+
+    table = Table("node", "upgrade state", "cordoned", "driver loaded")
     done = total = 0
     for node in sorted(client.list(Node), key=lambda n: n.metadata.name):
         state = (node.metadata.labels or {}).get("nvidia.com/ofed-driver-upgrade-state")
         if state is None:
             continue
         total += 1
-        tag = images.get(node.metadata.name, "(restarting)")
-        done += state == "upgrade-done" and tag.startswith(target)
+        path = cluster.node_root(node.metadata.name) / "sys/module/mlx5_core/version"
+        loaded = path.read_text().strip() if path.exists() else "(none)"
+        done += state == "upgrade-done" and version_matches(loaded, target)
         table.add_row(node.metadata.name, state, "yes" if node.spec.unschedulable else "",
-                      tag)
+                      loaded)
     table.title = f"driver upgrade: {done} of {total} nodes done"
     return table, done, total
-

@@ -2,58 +2,18 @@
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from lightkube import Client
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Node, Pod
 
-from nicop.sim.cluster import LocalCluster
+from nicop.sim.cluster import Agent, LocalCluster
 
 
-@dataclass(frozen=True)
-class Process:
-    pid: int
-    ppid: int
-    argv: list[str]
-    env: dict[str, str]
-
-    @property
-    def command(self) -> str:
-        """`nicop <command>` of an agent (`rdma-device-plugin`, `driver run`, ...)."""
-        args = self.argv[self.argv.index("nicop") + 1:] if "nicop" in self.argv else self.argv
-        return " ".join(a for a in args[:2] if not a.startswith("-"))
-
-
-def processes() -> list[Process]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().decode().split("\0")[:-1]
-            raw = Path(f"/proc/{entry}/environ").read_bytes().decode(errors="replace")
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] == "Z":
-            continue
-        env = dict(v.partition("=")[::2] for v in raw.split("\0") if "=" in v)
-        found.append(Process(int(entry), int(fields[1]), argv, env))
-    return found
-
-
-def agents(cluster: LocalCluster, node: str | None = None) -> list[Process]:
-    """Processes a node stand-in of `cluster` runs for pods (their kubeconfig is in its pods
-    directory), on `node` or any node."""
-    pods = cluster.state_dir / "p"
-    where = str(pods / node) if node else str(pods)
-    return [p for p in processes()
-            if p.env.get("KUBECONFIG", "").startswith(where + "/") and "nicop" in p.argv]
+def agents(cluster: LocalCluster, node: str | None = None) -> list[Agent]:
+    """Processes a node stand-in of `cluster` runs for pods, on `node` or any node."""
+    return [a for a in cluster.agents() if node is None or a.node == node]
 
 
 def stand_ins(cluster: LocalCluster) -> dict[int, str]:

@@ -59,9 +59,10 @@ def test_up_status_down_and_crash(state_dir: Path, controlplane_bin: Path) -> No
 
     status = nicop("cluster", "status", state_dir=state_dir, bin_dir=controlplane_bin)
     assert status.returncode == 0
-    for name in COMPONENTS:
+    stand_ins = ("node-1/sim-node", "node-2/sim-node")  # each node's kubelet for nicop
+    for name in (*COMPONENTS, *stand_ins):
         assert name in status.stdout
-    assert status.stdout.count("running") == len(COMPONENTS)
+    assert status.stdout.count("running") == len(COMPONENTS) + len(stand_ins)
 
     kubeconfig = nicop("cluster", "kubeconfig", state_dir=state_dir, bin_dir=controlplane_bin)
     assert Path(kubeconfig.stdout.strip()) == state_dir.resolve() / "kubeconfig"
@@ -76,7 +77,7 @@ def test_up_status_down_and_crash(state_dir: Path, controlplane_bin: Path) -> No
     down = nicop("cluster", "down", state_dir=state_dir, bin_dir=controlplane_bin)
     assert down.returncode == 0, down.stderr
     assert "kube-apiserver: was not running" in down.stdout
-    for name in ("etcd", "kube-controller-manager", "kube-scheduler", "kwok"):
+    for name in ("etcd", "kube-controller-manager", "kube-scheduler", "kwok", *stand_ins):
         assert f"{name}: stopped" in down.stdout, down.stdout
     assert not any(alive(pid) for pid in started.values())
     # The data stays: certificates, etcd data and the kubeconfig are still there.

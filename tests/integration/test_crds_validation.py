@@ -27,12 +27,6 @@ UPSTREAM_CR = ROOT / "tests" / "data" / "upstream-nicclusterpolicy-with-removed-
 Create = Callable[[dict[str, Any]], dict[str, Any]]
 
 
-@pytest.fixture(scope="session")
-def crds(client: Client) -> list[str]:
-    """The CRDs, installed once per session with the code `nicop crds install` runs."""
-    return install_crds(client)
-
-
 @pytest.fixture
 def create(client: Client, crds: list[str], namespace: str) -> Iterator[Create]:
     """Create an object (namespaced kinds go into the test's namespace) and return it as the

@@ -20,6 +20,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -39,6 +40,7 @@ HOST = "127.0.0.1"
 SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDR = "10.244.0.0/16"
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+MAX_NODES_DIR = 40  # longer, and socket paths under a node's tree may pass 107 bytes
 BUILD_HINT = "build it with `make controlplane` (hack/build-controlplane.sh) or pass --bin-dir"
 
 Progress = Callable[[str], None]
@@ -143,6 +145,17 @@ class State:
             )
         )
         tmp.replace(path)
+
+
+@dataclass(frozen=True)
+class Agent:
+    """A process a node stand-in runs for a pod: `nicop <command>` (e.g. `driver run`)."""
+
+    pid: int
+    ppid: int
+    node: str
+    pod: str
+    command: str
 
 
 @dataclass
@@ -333,18 +346,59 @@ class LocalCluster:
         return self._spawn_argv(state, name, argv, die_with_parent=die_with_parent)
 
     def node_root(self, node: str) -> Path:
-        """A simulated node's filesystem (short: unix sockets under it are at most 107 bytes)."""
-        return self.state_dir / "n" / node
+        """A simulated node's filesystem, <state>/n/<node>. Unix sockets under it (the kubelet's,
+        the device plugins') take at most 107 bytes, so a long state directory is reached
+        through a short link in the temporary directory, made by `up`."""
+        nodes = self.state_dir / "n"
+        if len(str(nodes)) <= MAX_NODES_DIR:
+            return nodes / node
+        return Path(tempfile.gettempdir()) / f"nicop-{self._digest}" / node
+
+    @property
+    def _digest(self) -> str:
+        return hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:6]
+
+    def _link_nodes_dir(self) -> None:
+        nodes = self.state_dir / "n"
+        nodes.mkdir(parents=True, exist_ok=True)
+        link = self.node_root("x").parent
+        if link != nodes and not link.exists():
+            with contextlib.suppress(FileExistsError):
+                link.symlink_to(nodes)
+
+    def agents(self) -> list[Agent]:
+        """The processes the node stand-ins run for pods: their kubeconfig is in the pod's
+        directory, <state>/p/<node>/<namespace>_<pod>_<uid>/."""
+        found = []
+        pods = str(self.state_dir / "p") + "/"
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().decode().split("\0")[:-1]
+                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            kubeconfig = next((v[11:].decode() for v in env if v.startswith(b"KUBECONFIG=")),
+                              "")
+            if not kubeconfig.startswith(pods) or "nicop" not in argv or stat[0] == "Z":
+                continue
+            node, pod_dir = kubeconfig[len(pods):].split("/")[:2]
+            command = " ".join(a for a in argv[argv.index("nicop") + 1:][:2]
+                               if not a.startswith("-"))
+            found.append(Agent(int(entry), int(stat[1]), node, pod_dir.split("_")[1], command))
+        return found
 
     def netns_of(self, node: str) -> str:
         """The network namespace of a simulated node: named after the cluster, so two local
         clusters on one machine do not share one."""
-        digest = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:6]
-        return f"nicop-{digest}-{node}"
+        return f"nicop-{self._digest}-{node}"
 
     def start_node_agents(self, nodes: list[str], die_with_parent: bool = False,
                           progress: Progress = lambda _: None) -> list[Process]:
         """A node stand-in per node (those already running are kept)."""
+        self._link_nodes_dir()
         started = []
         for node in nodes:
             # As root, each node gets its network namespace (pods on networks get interfaces).

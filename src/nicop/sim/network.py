@@ -275,11 +275,11 @@ class NodeNetwork:
         await asyncio.to_thread(ensure_netns, self.netns)
         tasks = [asyncio.create_task(self.pods.run()), asyncio.create_task(self.nads.run())]
         try:
-            await asyncio.gather(self.pods.synced.wait(), self.nads.synced.wait())
             while not stop.is_set():
                 self._wake.clear()
                 await asyncio.to_thread(self.sync_links)
-                await self.sync_pods()
+                if self.pods.synced.is_set() and self.nads.synced.is_set():
+                    await self.sync_pods()  # (no NAD CRD yet: no pod can name a network)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), 1.0)
         finally:

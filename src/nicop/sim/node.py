@@ -13,13 +13,16 @@ real node would run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from nicop.kube.client import ApiClient, load_config
-from nicop.kube.resources import NODE
+import httpx2 as httpx
+
+from nicop.kube.client import ApiClient, ApiError, load_config
+from nicop.kube.resources import NODE, Obj
 from nicop.node.host import Host
 from nicop.sim import hardware
 from nicop.sim.kernel import SimulatedKernel
@@ -68,11 +71,25 @@ def sim_env(options: NodeOptions) -> dict[str, str]:
     return env
 
 
+async def wait_for_node(client: ApiClient, name: str, stop: asyncio.Event) -> Obj | None:
+    """The Node, once the API server answers (a kubelet keeps trying); None after `stop`."""
+    while not stop.is_set():
+        try:
+            return await client.get(NODE, name)
+        except (ApiError, OSError, httpx.HTTPError) as e:
+            log.warning("cannot read node %s: %s; trying again", name, e)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.0)
+    return None
+
+
 async def run(options: NodeOptions, stop: asyncio.Event) -> None:
     client = ApiClient(options.kubeconfig)
     kubelet = None
     try:
-        node = await client.get(NODE, options.node_name)
+        node = await wait_for_node(client, options.node_name, stop)
+        if node is None:
+            return
         name = (node["metadata"].get("annotations") or {}).get(hardware.PROFILE_ANNOTATION, "cpu")
         profile = hardware.PROFILES.get(name)
         if profile is None:
@@ -90,7 +107,7 @@ async def run(options: NodeOptions, stop: asyncio.Event) -> None:
             crash_backoff=options.crash_backoff, extra_env=sim_env(options),
         )
         log.info("node %s (%s) stands in on %s", options.node_name, profile.name, options.root)
-        parts = [runner.run(stop)]
+        parts = [runner.run(stop, node)]
         if options.netns:
             network = NodeNetwork(client, options.node_name, options.root, options.pods_dir,
                                   options.netns)

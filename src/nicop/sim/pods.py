@@ -48,7 +48,7 @@ from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.conditions import now
 from nicop.kube.events import EventRecorder
 from nicop.kube.informer import Informer
-from nicop.kube.resources import CONFIGMAP, NODE, POD, SECRET, Obj, Resource
+from nicop.kube.resources import CONFIGMAP, POD, SECRET, Obj, Resource
 from nicop.node.host import MOUNTS_ENV, Mounts
 
 log = logging.getLogger(__name__)
@@ -793,8 +793,7 @@ class PodRunner:
         self._spawn(self.recorder.emit(obj, type_, reason, message))
 
     # ------------------------------------------------------------------ the loop
-    async def run(self, stop: asyncio.Event) -> None:
-        node = await self.client.get(NODE, self.node_name)
+    async def run(self, stop: asyncio.Event, node: Obj) -> None:
         self.host_ip = next((a["address"] for a in (node.get("status") or {}).get(
             "addresses") or [] if a.get("type") == "InternalIP"), self.host_ip)
         watcher = asyncio.create_task(self.pods.run())
