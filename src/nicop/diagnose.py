@@ -301,6 +301,7 @@ def node_checks(snap: Snapshot, name: str, *, standalone: bool) -> list[Check]:
         checks.append(Check(subject, "node ready", "fail",
                             f"node {name} is NotReady: nothing new starts on it",
                             f"kubectl describe node {name}"))
+    checks.extend(_agent_checks(snap, node))
     labels = st.labels_of(node)
     if node_rules.unmanaged_reason(node):
         if labels.get(OPT_IN_LABEL) == "false":
@@ -583,6 +584,29 @@ def _resource_checks(snap: Snapshot, node: Obj, state: str, names: list[str],
             checks.append(Check(
                 subject, f"resource {r['name']}", "pass",
                 f"{r['name']}: {r['allocatable']} allocatable, {r['inUse']} in use"))
+    return checks
+
+
+def _agent_checks(snap: Snapshot, node: Obj) -> list[Check]:
+    """The operator's other DaemonSets on this node (the SR-IOV config daemon and device plugin,
+    the CNI daemon): each pod running, or why not in the kubelet's words."""
+    name, ns = st.name_of(node), snap["namespace"]
+    policy_daemonsets = {st.name_of(ds) for ds in snap.get("daemonSets") or []}
+    checks = []
+    for pod in sorted(st.pods_on(snap, name), key=st.name_of):
+        owner = st.owner_name(pod, "DaemonSet")
+        if ((pod.get("metadata") or {}).get("namespace") != ns or owner is None
+                or owner in policy_daemonsets):
+            continue
+        if st.pod_ready(pod):
+            checks.append(Check(f"node/{name}", owner, "pass", f"pod {st.name_of(pod)} is ready"))
+            continue
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        problem = next((p for c in statuses if (p := st.container_problem(c))),
+                       (pod.get("status") or {}).get("phase", "not ready"))
+        checks.append(Check(f"node/{name}", owner, "fail",
+                            f"{owner} pod {ns}/{st.name_of(pod)} is not ready: {problem}",
+                            f"kubectl -n {ns} logs {st.name_of(pod)} --previous"))
     return checks
 
 

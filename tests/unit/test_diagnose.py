@@ -340,3 +340,31 @@ def test_the_command_exits_1_on_a_failure_and_0_without(monkeypatch: pytest.Monk
     assert bad.exit_code == 1 and "FAIL  managed: node node-4" in bad.stdout
     usage = CliRunner().invoke(app, ["diagnose", "pod"])
     assert usage.exit_code == 1 and "pod NAMESPACE/NAME" in usage.output
+
+
+def test_a_crash_looping_agent_of_the_operator_is_named_with_its_last_error() -> None:
+    """The SR-IOV config daemon's pod on node-3 exits at start: `diagnose node` names the pod,
+    the back-off and the agent's last words, and how to read its log."""
+    snap = cluster_snapshot()
+    snap["pods"].append({
+        "metadata": {"name": "sriov-network-config-daemon-x1", "namespace": NS,
+                     "ownerReferences": [{"kind": "DaemonSet",
+                                          "name": "sriov-network-config-daemon",
+                                          "controller": True}]},
+        "spec": {"nodeName": "node-3", "containers": [{"name": "sriov-network-config-daemon"}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}],
+                   "containerStatuses": [{
+                       "name": "sriov-network-config-daemon", "ready": False, "restartCount": 3,
+                       "state": {"waiting": {"reason": "CrashLoopBackOff",
+                                             "message": "back-off 40s restarting failed"}},
+                       "lastState": {"terminated": {"exitCode": 1, "message":
+                                                    "starting\nerror: the node's name is needed: "
+                                                    "set NODE_NAME or --node-name"}}}]},
+    })
+    check = find(checks_of(snap, "node", "node-3"), "node/node-3",
+                 "sriov-network-config-daemon")
+    assert check.result == "fail"
+    assert "sriov-network-config-daemon-x1" in check.message
+    assert "CrashLoopBackOff" in check.message and "last exit 1" in check.message
+    assert "the node's name is needed" in check.message
+    assert check.fix == f"kubectl -n {NS} logs sriov-network-config-daemon-x1 --previous"
