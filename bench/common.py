@@ -25,10 +25,13 @@ SAMPLE = re.compile(r'^(\w+)\{([^}]*)\} ([0-9.e+-]+)$')
 
 
 @contextmanager
-def cluster_with_operator(tmp: Path, nodes: int, profiles: list[str]) -> Iterator[Operator]:
+def cluster_with_operator(tmp: Path, nodes: int, profiles: list[str],
+                          node_agents: bool = False) -> Iterator[Operator]:
+    """A local cluster and the operator; kwok plays every pod unless `node_agents` (a node
+    stand-in per node runs nicop's pods: too many processes for a big cluster)."""
     cluster = LocalCluster(tmp / "cluster")
     t = time.monotonic()
-    cluster.up(nodes=nodes, profiles=profiles, die_with_parent=True)
+    cluster.up(nodes=nodes, profiles=profiles, die_with_parent=True, node_agents=node_agents)
     print(f"cluster with {nodes} nodes up in {time.monotonic() - t:.1f}s")
     try:
         client = cluster.client()

@@ -40,6 +40,9 @@ DRIVER = "25.10-1.2.8.0"
 RDMA_CONFIG = {"configList": [
     {"resourceName": "rdma", "resourcePrefix": "nvidia.com", "rdmaHcaMax": 63,
      "selectors": {"vendors": ["15b3"], "deviceIDs": ["1021"]}}]}
+SRIOV_CONFIG = {"resourceList": [
+    {"resourcePrefix": "nvidia.com", "resourceName": "ib_vf",
+     "selectors": {"vendors": ["15b3"], "devices": ["101e"], "linkTypes": ["infiniband"]}}]}
 # Upstream's probe fields, shortened so the driver is judged in seconds, not minutes.
 FAST_PROBES = {"startupProbe": {"initialDelaySeconds": 1, "periodSeconds": 2},
                "livenessProbe": {"initialDelaySeconds": 5, "periodSeconds": 10},
@@ -50,9 +53,12 @@ POLICY: dict[str, Any] = {
     "spec": {
         "ofedDriver": {"image": "nicop", "version": DRIVER, **FAST_PROBES},
         "rdmaSharedDevicePlugin": {"image": "nicop", "config": json.dumps(RDMA_CONFIG)},
+        "sriovDevicePlugin": {"image": "nicop", "config": json.dumps(SRIOV_CONFIG)},
     },
 }
-AGENT_DAEMONSETS = {"rdma-shared-dp-ds"}  # besides the driver's, one per OS/kernel pool
+# Besides the driver's, one per OS/kernel pool.
+AGENT_DAEMONSETS = {"rdma-shared-dp-ds": "rdma-device-plugin",
+                    "network-operator-sriov-device-plugin": "sriov-device-plugin"}
 
 
 def apply_policy(client: Client, body: dict[str, Any]) -> None:
@@ -88,7 +94,8 @@ def test_every_component_runs_as_an_agent_process_started_by_its_daemonset(
     the RDMA plugin advertises the node's HCAs to its kubelet."""
     daemonsets = policy_daemonsets(client)
     names = {ds.metadata.name for ds in daemonsets}
-    assert names >= AGENT_DAEMONSETS and any(n.startswith("mofed-") for n in names), names
+    assert names.issuperset(AGENT_DAEMONSETS), names
+    assert any(n.startswith("mofed-") for n in names), names
     parents = stand_ins(cluster)
     for ds in daemonsets:
         selected = pods(client, NAMESPACE, ds.spec.selector.matchLabels)
@@ -98,8 +105,7 @@ def test_every_component_runs_as_an_agent_process_started_by_its_daemonset(
             assert pod.spec.containers[0].image == "nicop:0.1.0"
             node = pod.spec.nodeName
             mine = [p for p in agents(cluster, node) if parents.get(p.ppid) == node]
-            wanted = "driver run" if ds.metadata.name.startswith("mofed-") \
-                else "rdma-device-plugin"
+            wanted = AGENT_DAEMONSETS.get(ds.metadata.name, "driver run")
             assert any(p.command == wanted for p in mine), (node, [p.command for p in mine])
     loaded = (cluster.node_root(IB_NODE) / "sys/module/mlx5_core/version").read_text()
     assert version_matches(loaded.strip(), DRIVER)
@@ -195,7 +201,7 @@ def test_deleting_the_policy_removes_its_daemonsets_pods_and_processes(
     delete(client, NicClusterPolicy, "nic-cluster-policy")
     wait_for(lambda: not policy_daemonsets(client), timeout=60, what="the DaemonSets to go")
     wait_for(lambda: not [p for p in client.list(Pod, namespace=NAMESPACE)
-                          if (p.metadata.labels or {}).get("app") in ("rdma-shared-dp",)
+                          if (p.metadata.labels or {}).get("app") in ("rdma-shared-dp", "sriovdp")
                           or "nvidia.com/ofed-driver" in (p.metadata.labels or {})],
              timeout=120, what="their pods to go")
     wait_for(lambda: not agents(cluster), timeout=60, what="every agent process to end")
