@@ -28,12 +28,16 @@ ROOT = Path(__file__).resolve().parents[1]
 TICKS = 100  # clock ticks per second of /proc/<pid>/stat
 
 
-def usage(pid: int) -> tuple[float, float]:
-    """CPU seconds (utime + stime) and peak RSS in MiB of a live process."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def usage(pid: int) -> tuple[float, float] | None:
+    """CPU seconds (utime + stime) and peak RSS in MiB of a process; None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
     cpu = (int(fields[11]) + int(fields[12])) / TICKS
-    peak = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text()
-                .splitlines() if line.startswith("VmHWM"))
+    peak = next(int(line.split()[1]) for line in status.splitlines()
+                if line.startswith("VmHWM"))
     return cpu, peak / 1024
 
 
@@ -74,8 +78,12 @@ def main() -> None:
         for node in sorted(stand_ins.values()):
             commands = ", ".join(sorted(a.command for a in agents if a.node == node))
             print(f"  {node}: 1 stand-in + {per_node[node]} agents ({commands or 'none'})")
+        restarts = sum(c.restartCount for p in op.client.list(Pod, namespace="nvidia-network-"
+                                                              "operator")
+                       for c in p.status.containerStatuses or [])
+        print(f"agent container restarts so far: {restarts}")
         for what, pids in (("stand-ins", list(stand_ins)), ("agents", [a.pid for a in agents])):
-            figures = [usage(pid) for pid in pids]
+            figures = [f for pid in pids if (f := usage(pid)) is not None]
             print(f"{what}: {len(pids)} processes, {sum(c for c, _ in figures):.1f} CPU s in all, "
                   f"peak RSS {max(r for _, r in figures):.0f} MiB each at most, "
                   f"{sum(r for _, r in figures):.0f} MiB together")
