@@ -5,6 +5,8 @@ do what its code does, write what its states render, and nothing it has no use f
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import os
 import signal
@@ -24,6 +26,7 @@ import yaml
 from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import create_global_resource
 from lightkube.models.authorization_v1 import ResourceAttributes, SelfSubjectAccessReviewSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
@@ -594,26 +597,25 @@ def http_status(url: str) -> int:
         return 0
 
 
-def test_operator_leads_with_the_chart_arguments_and_only_its_permissions(
-    helm: Path, kubectl: Kubectl, installed: Installed, client: Client, tmp_path: Path
-) -> None:
+POD_NAME = "nicop-7d9f8-abcde"
+
+
+@contextlib.contextmanager
+def operator_as(helm: Path, installed: Installed, log: Path) -> Iterator[int]:
     """`nicop operator` run as the image runs it, with the Deployment's arguments and
-    environment and the ServiceAccount's token: it takes the Lease and syncs every informer,
-    so the API server refused none of its lists and watches."""
+    environment and the ServiceAccount's token, until it leads with its caches synced; yields
+    its health port."""
     deployment = one(render(helm, "nicop", installed.namespace), "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     port = free_port()
     args = [a if not a.startswith("--health-port=") else f"--health-port={port}"
             for a in container["args"]]
-    pod_name = "nicop-7d9f8-abcde"
-    downward = {"metadata.namespace": installed.namespace, "metadata.name": pod_name}
+    downward = {"metadata.namespace": installed.namespace, "metadata.name": POD_NAME}
     env = {e["name"]: e["value"] if "value" in e else downward[e["valueFrom"]["fieldRef"][
         "fieldPath"]] for e in container["env"]}
-    kubeconfig = installed.kubeconfig
-    log = tmp_path / "operator.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "nicop", *args, "--kubeconfig", str(kubeconfig)],
+            [sys.executable, "-m", "nicop", *args, "--kubeconfig", str(installed.kubeconfig)],
             env={**{k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, **env},
             stdout=out, stderr=subprocess.STDOUT,
         )
@@ -626,24 +628,14 @@ def test_operator_leads_with_the_chart_arguments_and_only_its_permissions(
         except OSError:
             return False
 
-    def refusals() -> str:
-        """The API server's refusals in the log, once each, or the log's end."""
-        lines = [json.loads(line).get("msg", "") for line in log.read_text().splitlines()
-                 if "403 Forbidden" in line]
-        found = sorted({m.split("403 Forbidden: ", 1)[-1].split(";")[0] for m in lines})
-        return "\n".join(found) if found else log.read_text()[-3000:]
-
     try:
         deadline = time.monotonic() + 30
         while not (http_status(f"http://127.0.0.1:{port}/readyz") == 200
                    and leads(f"http://127.0.0.1:{port}/metrics")):
-            assert proc.poll() is None, f"operator exited:\n{refusals()}"
-            assert time.monotonic() < deadline, f"not ready in 30s:\n{refusals()}"
+            assert proc.poll() is None, f"operator exited:\n{refusals(log)}"
+            assert time.monotonic() < deadline, f"not ready in 30s:\n{refusals(log)}"
             time.sleep(0.2)
-        assert http_status(f"http://127.0.0.1:{port}/healthz") == 200
-        lease = client.get(Lease, LEASE_NAME, namespace=installed.namespace)
-        assert lease.spec is not None and lease.spec.holderIdentity == pod_name
-        assert "403 Forbidden" not in log.read_text(), refusals()
+        yield port
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -652,3 +644,74 @@ def test_operator_leads_with_the_chart_arguments_and_only_its_permissions(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def refusals(log: Path) -> str:
+    """The API server's refusals in the log, once each, or the log's end."""
+    lines = [json.loads(line).get("msg", "") for line in log.read_text().splitlines()
+             if "403 Forbidden" in line]
+    found = sorted({m.split("403 Forbidden: ", 1)[-1].split(";")[0] for m in lines})
+    return "\n".join(found) if found else log.read_text()[-3000:]
+
+
+def test_operator_leads_with_the_chart_arguments_and_only_its_permissions(
+    helm: Path, installed: Installed, client: Client, tmp_path: Path
+) -> None:
+    """Run as the chart runs it, the operator takes the Lease and syncs every informer, so the
+    API server refused none of its lists and watches."""
+    log = tmp_path / "operator.log"
+    with operator_as(helm, installed, log) as port:
+        assert http_status(f"http://127.0.0.1:{port}/healthz") == 200
+        lease = client.get(Lease, LEASE_NAME, namespace=installed.namespace)
+        assert lease.spec is not None and lease.spec.holderIdentity == POD_NAME
+        assert "403 Forbidden" not in log.read_text(), refusals(log)
+
+
+def test_a_permission_the_operator_lacks_fails_only_the_component_that_needs_it(
+    helm: Path, kubectl: Kubectl, installed: Installed, client: Client, tmp_path: Path
+) -> None:
+    """The chart's Role edited so ConfigMaps can be read but not written: the RDMA plugin's
+    state, whose config is a ConfigMap, is `error` with the API server's 403; Multus, which
+    needs none, is ready."""
+    role = one(installed.docs, "Role")
+    edited = copy.deepcopy(role)
+    for rule in edited["rules"]:
+        rule["resources"] = [r for r in rule.get("resources", []) if r != "configmaps"]
+    edited["rules"] = [r for r in edited["rules"] if r["resources"]]
+    edited["rules"].append({"apiGroups": [""], "resources": ["configmaps"],
+                            "verbs": ["get", "list", "watch"]})
+    proc = kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
+                   stdin=yaml.safe_dump(edited))
+    assert proc.returncode == 0, proc.stderr
+    ncp = create_global_resource("mellanox.com", "v1alpha1", "NicClusterPolicy",
+                                 "nicclusterpolicies")
+    config = ('{"configList": [{"resourceName": "rdma", "rdmaHcaMax": 63, '
+              '"selectors": {"vendors": ["15b3"]}}]}')
+    policy = {"apiVersion": "mellanox.com/v1alpha1", "kind": "NicClusterPolicy",
+              "metadata": {"name": "nic-cluster-policy"}, "spec": {
+                  "secondaryNetwork": {"multus": {
+                      "image": "multus-cni", "repository": "ghcr.io/k8snetworkplumbingwg",
+                      "version": "v4.1.0"}},
+                  "rdmaSharedDevicePlugin": {
+                      "image": "k8s-rdma-shared-dev-plugin", "repository": "ghcr.io/mellanox",
+                      "version": "v1.5.3", "config": config}}}
+
+    def states() -> dict[str, dict[str, str]]:
+        status = client.get(ncp, "nic-cluster-policy").get("status") or {}
+        return {s["name"]: s for s in status.get("appliedStates") or []}
+
+    try:
+        with operator_as(helm, installed, tmp_path / "operator.log"):
+            client.apply(ncp(**policy), field_manager="test", force=True)
+            deadline = time.monotonic() + 120
+            while not (states().get("state-RDMA-device-plugin", {}).get("state") == "error"
+                       and states().get("state-multus-cni", {}).get("state") == "ready"):
+                assert time.monotonic() < deadline, states()
+                time.sleep(0.5)
+            message = states()["state-RDMA-device-plugin"]["message"]
+            assert "403" in message and "configmaps" in message, message
+            assert f"ConfigMap {installed.namespace}/rdma-devices" in message, message
+    finally:
+        client.delete(ncp, "nic-cluster-policy")
+        kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
+                stdin=yaml.safe_dump(role))

@@ -205,7 +205,8 @@ def test_bad_plugin_config_is_an_error_naming_the_field(
     message = applied["state-RDMA-device-plugin"]["message"]
     assert "spec.rdmaSharedDevicePlugin.config" in message and "not valid JSON" in message
     conditions = {c["type"]: c for c in policy_status(client)["conditions"]}
-    assert conditions["Ready"]["reason"] == "ComponentError"
+    assert conditions["Ready"]["reason"] == "RDMASharedDevicePluginError"
+    assert policy_status(client)["state"] == "error"
 
 
 def test_a_daemonset_without_nodes_says_why(

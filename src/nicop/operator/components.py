@@ -23,6 +23,7 @@ from nicop.kube.resources import (
     key_of,
     resource_of,
 )
+from nicop.operator import writes
 from nicop.operator.states.base import REVISION_ANNOTATION, content_hash
 
 COMPONENT_LABEL = "nicop.io/component"
@@ -58,7 +59,8 @@ class Components:
     async def sync(self, name: str, objects: list[Obj], owner: Obj | None = None) -> list[str]:
         """Make the component exactly `objects`; returns why it is not ready yet (empty: ready).
 
-        Namespaced objects get `owner` as their controller, so deleting it deletes them too.
+        Namespaced objects get `owner` as their controller, so deleting it deletes them too. A
+        write the API server refuses raises WriteFailed, naming the object.
         """
         wanted = set()
         for obj in objects:
@@ -76,12 +78,11 @@ class Components:
             cached = self.informers[res].store.get(key_of(obj))
             if cached is None or (cached["metadata"].get("annotations") or {}).get(
                     REVISION_ANNOTATION) != meta["annotations"][REVISION_ANNOTATION]:
-                self.informers[res].assume(await self.client.apply(obj))
+                self.informers[res].assume((await writes.apply(self.client, obj))[0])
         problems = []
         for res, obj in self.objects_of(name):
             if (res, key_of(obj)) not in wanted:
-                await self.client.delete(res, obj["metadata"]["name"],
-                                         obj["metadata"].get("namespace"))
+                await writes.delete(self.client, res, obj)
                 problems.append(f"deleting {obj['kind']} {key_of(obj)}")
         for obj in objects:
             if resource_of(obj) == DAEMONSET:
@@ -94,8 +95,7 @@ class Components:
         """Delete every object of the component; True if there was any."""
         found = self.objects_of(name)
         for res, obj in found:
-            await self.client.delete(res, obj["metadata"]["name"],
-                                     obj["metadata"].get("namespace"))
+            await writes.delete(self.client, res, obj)
         return bool(found)
 
 

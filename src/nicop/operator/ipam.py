@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from nicop import logs
+from nicop.kube.client import ApiError
 from nicop.kube.events import EventRecorder
 from nicop.kube.informer import Informer
 from nicop.kube.manager import Controller, Manager, Result
@@ -331,7 +332,12 @@ class IpamController:
         if status is not None and _comparable(existing) == _comparable(allocations):
             return
         m = pool["metadata"]
-        await self.client.patch(res, m["name"], {"status": {"allocations": allocations}},
-                                m.get("namespace"), subresource="status")
+        try:
+            await self.client.patch(res, m["name"], {"status": {"allocations": allocations}},
+                                    m.get("namespace"), subresource="status")
+        except ApiError as e:  # said on the pool, and tried again later
+            await self.recorder.emit(pool, "Warning", "StatusWriteFailed",
+                                     f"writing the pool's node blocks failed: {e}")
+            raise
         log.info("%d node blocks", len(allocations),
                  extra=logs.about(res.kind, m["name"], m.get("namespace")))

@@ -18,7 +18,9 @@ from nicop.kube.client import ApiClient
 from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.resources import NETWORK_ATTACHMENT_DEFINITION as NAD
 from nicop.kube.resources import Obj, Resource, key_of
+from nicop.operator import writes
 from nicop.operator.states.base import REVISION_ANNOTATION, content_hash
+from nicop.operator.writes import WriteFailed
 
 log = logging.getLogger(__name__)
 
@@ -182,17 +184,20 @@ class NetworkController:
         except NetworkError as e:
             await self._status(kind, cr, {"state": "error", "reason": str(e)})
             return None
-        for old in owned:
-            if key_of(old) != key_of(nad):  # networkNamespace changed
-                await self.client.delete(NAD, old["metadata"]["name"],
-                                         old["metadata"]["namespace"])
-        current = self.nads.store.get(key_of(nad))
-        revision = nad["metadata"]["annotations"][REVISION_ANNOTATION]
-        if current is None or (current["metadata"].get("annotations") or {}).get(
-            REVISION_ANNOTATION
-        ) != revision:
-            await self.client.apply(nad)
-            log.info("applied %s", nad_link(nad), extra=logs.about(kind_name, name))
+        try:
+            for old in owned:
+                if key_of(old) != key_of(nad):  # networkNamespace changed
+                    await writes.delete(self.client, NAD, old)
+            current = self.nads.store.get(key_of(nad))
+            revision = nad["metadata"]["annotations"][REVISION_ANNOTATION]
+            if current is None or (current["metadata"].get("annotations") or {}).get(
+                REVISION_ANNOTATION
+            ) != revision:
+                self.nads.assume((await writes.apply(self.client, nad))[0])
+                log.info("applied %s", nad_link(nad), extra=logs.about(kind_name, name))
+        except WriteFailed as e:  # said in the status, and tried again later
+            await self._status(kind, cr, {"state": "error", "reason": str(e)})
+            raise
         await self._status(kind, cr, {"state": "ready", kind.status_link_field: nad_link(nad)})
         return None
 

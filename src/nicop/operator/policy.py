@@ -12,12 +12,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import httpx2 as httpx
 from pydantic import ValidationError
 
 from nicop import logs
 from nicop.api.mellanox import NicClusterPolicy
 from nicop.api.validate import removed_field_warnings
-from nicop.kube.client import ApiClient
+from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.events import EventRecorder
 from nicop.kube.informer import Informer
 from nicop.kube.manager import Controller, Manager, Result
@@ -36,6 +37,7 @@ from nicop.kube.resources import (
     resource_of,
 )
 from nicop.operator import nodes as node_rules
+from nicop.operator import writes
 from nicop.operator.states import STATES
 from nicop.operator.states.base import (
     MELLANOX_LABEL,
@@ -51,6 +53,7 @@ from nicop.operator.states.base import (
     content_hash,
 )
 from nicop.operator.states.ofed import DRIVER_LABEL
+from nicop.operator.writes import WriteFailed
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,7 @@ NCP = Resource("mellanox.com", "v1alpha1", "NicClusterPolicy", "nicclusterpolici
 POLICY_NAME = "nic-cluster-policy"
 OWNED = (SERVICE_ACCOUNT, CONFIGMAP, CLUSTER_ROLE, CLUSTER_ROLE_BINDING, DAEMONSET, DEPLOYMENT)
 NOT_READY_RECHECK = 30.0
+MAX_RETRY = 60.0  # seconds between tries of a write the API server keeps refusing
 
 
 @dataclass
@@ -66,6 +70,7 @@ class Applied:
     name: str
     state: str  # ready | notReady | ignore | error
     message: str = ""
+    refused: bool = False  # the API server refused a write: the spec is not fully handled
 
 
 def now() -> str:
@@ -88,6 +93,7 @@ class PolicyController:
             for res in OWNED
         }
         self.controller = manager.add(Controller("nicclusterpolicy", self.reconcile))
+        self._failures = 0  # reconciles in a row with a refused write
         queue = self.controller.queue
         self.policies.on_change(lambda ev, obj, old: queue.add(obj["metadata"]["name"]))
         self.nodes.on_change(self._node_changed)
@@ -118,9 +124,10 @@ class PolicyController:
                       managed_nodes=[n for n in all_nodes if node_rules.is_managed(n)],
                       **self.context)
         unmanaged = [r for n in all_nodes if (r := node_rules.unmanaged_reason(n))]
+        # Each state on its own: a write the API server refuses fails that state only.
         applied = [await self._sync_state(state, ctx, unmanaged) for state in STATES]
-        await self._sync_node_labels(policy)
-        status = self._status(policy, applied, unmanaged)
+        label_errors = await self._sync_node_labels(policy)
+        status = self._status(policy, applied, unmanaged, label_errors)
         if progress := upgrade_progress(all_nodes):
             status["driverUpgrade"] = progress
         if warnings := removed_fields(policy):
@@ -128,16 +135,27 @@ class PolicyController:
                 "RemovedFieldsIgnored", True, "RemovedFields", "; ".join(warnings),
                 status["observedGeneration"]))
         await self._write_status(policy, status)
+        if any(a.refused for a in applied) or label_errors:
+            self._failures += 1  # retried, later each time, until the API server agrees
+            return Result(requeue_after=min(MAX_RETRY, 2.0 ** self._failures))
+        self._failures = 0
         ready = all(a.state in ("ready", "ignore") for a in applied)
         return None if ready else Result(requeue_after=NOT_READY_RECHECK)
 
     async def _sync_state(self, state: State, ctx: Context, unmanaged: list[str]) -> Applied:
+        try:
+            return await self._apply_state(state, ctx, unmanaged)
+        except WriteFailed as e:
+            log.error("%s: %s", state.name, e, extra=logs.about(NCP.kind, POLICY_NAME))
+            await self.recorder.emit(ctx.policy, "Warning", "ApplyFailed", f"{state.name}: {e}")
+            return Applied(state.name, "error", str(e), refused=True)
+
+    async def _apply_state(self, state: State, ctx: Context, unmanaged: list[str]) -> Applied:
         section = state.section_of(ctx.policy)
         existing = self._objects_of(state.name)
         if section is None:
             for res, obj in existing:
-                await self.client.delete(res, obj["metadata"]["name"],
-                                         obj["metadata"].get("namespace"))
+                await writes.delete(self.client, res, obj)
             if existing:
                 return Applied(state.name, "notReady",
                                f"deleting {len(existing)} objects of the removed section")
@@ -156,10 +174,14 @@ class PolicyController:
             if cached is None or (cached["metadata"].get("annotations") or {}).get(
                 REVISION_ANNOTATION
             ) != revision:
-                await self.client.apply(obj)
+                stored, recreated = await writes.apply(self.client, obj)
+                self.owned[res].assume(stored)
+                if recreated:
+                    await self.recorder.emit(ctx.policy, "Warning", "Recreated",
+                                             f"{state.name}: {recreated}")
         stale = [(res, o) for res, o in existing if (res, key_of(o)) not in wanted]
         for res, obj in stale:
-            await self.client.delete(res, obj["metadata"]["name"], obj["metadata"].get("namespace"))
+            await writes.delete(self.client, res, obj)
         if stale:
             return Applied(state.name, "notReady", f"deleting {len(stale)} stale objects")
         problems = [p for obj in objects if (p := self._not_ready(obj, ctx, unmanaged))]
@@ -230,24 +252,39 @@ class PolicyController:
         return "; ".join([reason, *unmanaged])
 
     # ------------------------------------------------------------------ node labels
-    async def _sync_node_labels(self, policy: Obj | None) -> None:
-        """Keep mofed.wait on every node as the driver state says; remove it without a policy."""
+    async def _sync_node_labels(self, policy: Obj | None) -> list[str]:
+        """Keep mofed.wait on every node as the driver state says; remove it without a policy.
+        Returns the writes the API server refused, each naming its node."""
         ofed = policy is not None and bool((policy.get("spec") or {}).get("ofedDriver"))
         ready: dict[str, bool] = {}
         for pod in self.driver_pods.store.items():
             node = pod.get("spec", {}).get("nodeName")
             if node:
                 ready[node] = ready.get(node, False) or _container_ready(pod, "mofed-container")
+        errors = []
         for node in self.nodes.store.items():
             wanted = node_rules.mofed_wait_value(node, ofed, ready) if policy else None
             patch = node_rules.label_patch(node, wanted)
-            if patch is not None:
-                await self.client.patch(NODE, node["metadata"]["name"], {"metadata": patch})
+            if patch is None:
+                continue
+            name = node["metadata"]["name"]
+            try:
+                await self.client.patch(NODE, name, {"metadata": patch})
+            except (ApiError, httpx.HTTPError, OSError) as e:
+                message = f"labelling node {name} {MOFED_WAIT_LABEL}={wanted} failed: {e}"
+                log.error("%s", message, extra=logs.about("Node", name))
+                errors.append(message)
+        return errors
 
     # ------------------------------------------------------------------ status
-    def _status(self, policy: Obj, applied: list[Applied], unmanaged: list[str]) -> Obj:
+    def _status(self, policy: Obj, applied: list[Applied], unmanaged: list[str],
+                label_errors: list[str]) -> Obj:
         generation = policy["metadata"].get("generation", 0)
+        if any(a.refused for a in applied) or label_errors:
+            # Part of the spec was not applied: the generation stays the last fully handled one.
+            generation = (policy.get("status") or {}).get("observedGeneration", 0)
         not_ready = [a for a in applied if a.state in ("notReady", "error")]
+        errors = [a for a in applied if a.state == "error"]
         conditions = []
         for state, a in zip(STATES, applied, strict=True):
             if a.state == "ignore":
@@ -256,17 +293,25 @@ class PolicyController:
                       "error": "ComponentError"}[a.state]
             conditions.append(_condition(state.condition, a.state == "ready", reason,
                                          a.message or f"{state.name} is {a.state}", generation))
-        if any(a.state == "error" for a in applied):
-            ready_reason = "ComponentError"
+        # The reason names the first failing component (its condition type, Ready -> Error).
+        failing = {a.name: s.condition for s, a in zip(STATES, applied, strict=True)}
+        if errors:
+            ready_reason = failing[errors[0].name].removesuffix("Ready") + "Error"
+        elif label_errors:
+            ready_reason = "NodeLabelsError"
         else:
             ready_reason = "ComponentsNotReady" if not_ready else "AllComponentsReady"
-        message = ("all components are ready" if not not_ready else
-                   "not ready: " + ", ".join(a.name for a in not_ready))
+        parts = [f"error: {a.name}: {a.message}" for a in errors] + label_errors
+        waiting = [a.name for a in not_ready if a.state != "error"]
+        if waiting:
+            parts.append("not ready: " + ", ".join(waiting))
+        message = "; ".join(parts) or "all components are ready"
         if unmanaged:
             message += "; " + "; ".join(unmanaged)
-        conditions.append(_condition("Ready", not not_ready, ready_reason, message, generation))
+        ok = not not_ready and not label_errors
+        conditions.append(_condition("Ready", ok, ready_reason, message, generation))
         return {
-            "state": "notReady" if not_ready else "ready",
+            "state": "error" if errors or label_errors else "notReady" if not_ready else "ready",
             "appliedStates": [
                 {"name": a.name, "state": a.state, **({"message": a.message} if a.message else {})}
                 for a in applied

@@ -30,6 +30,8 @@ import logging
 import os
 from collections.abc import Iterable, Mapping
 
+import httpx2 as httpx
+
 from nicop import logs
 from nicop.api.sriovnetwork import GROUP, VERSION
 from nicop.kube.client import ApiClient, ApiError
@@ -425,6 +427,10 @@ def stale_delay_from_env() -> float:
     return 60.0 * (minutes if minutes >= 0 else DEFAULT_STALE_DELAY_MINUTES)
 
 
+class NodeStatesFailed(Exception):
+    """Writes of some node states were refused (each is an Event on the policies concerned)."""
+
+
 class SriovPolicyController:
     """Policies -> node states, device plugin config, device-plugin node labels, refusals."""
 
@@ -482,11 +488,23 @@ class SriovPolicyController:
 
         owner = _owner_ref(config)
         pools = self.pools.store.items()
-        for node in nodes:
-            await self._sync_state(node, states.get(name_of(node)), accepted, found, owner, pools)
+        failed = []
+        for node in nodes:  # each node on its own: one refused write stops no other node
+            try:
+                await self._sync_state(node, states.get(name_of(node)), accepted, found, owner,
+                                       pools)
+            except (ApiError, httpx.HTTPError, OSError) as e:
+                failed.append(f"writing SriovNetworkNodeState {self.namespace}/"
+                              f"{name_of(node)} failed: {e}")
+                for policy in accepted:
+                    if selects_node(policy, node):
+                        await self.recorder.emit(policy, "Warning", "NodeStateFailed",
+                                                 failed[-1])
         await self._sync_config_map(nodes, accepted, found)
         await self._sync_labels(nodes, accepted)
         wait = await self._stale_states({name_of(n) for n in nodes}, states)
+        if failed:
+            raise NodeStatesFailed("; ".join(failed))  # tried again, later each time
         return Result(requeue_after=wait) if wait is not None else None
 
     async def _sync_state(self, node: Obj, state: Obj | None, accepted: list[Obj],

@@ -48,6 +48,7 @@ from nicop.operator.states.base import (
     host_path,
     service_account,
 )
+from nicop.operator.writes import WriteFailed
 
 log = logging.getLogger(__name__)
 
@@ -178,10 +179,16 @@ class SriovDaemonsController:
                     raise
             return Result(requeue_after=0.1)
         ctx = Context({"spec": {}}, self.namespace, agent_image=own_image())
-        problems = [
-            *await self.components.sync(CONFIG_DAEMON, render_config_daemon(ctx, config), config),
-            *await self.components.sync(DEVICE_PLUGIN, render_device_plugin(ctx, config), config),
-        ]
+        try:
+            problems = [
+                *await self.components.sync(CONFIG_DAEMON, render_config_daemon(ctx, config),
+                                            config),
+                *await self.components.sync(DEVICE_PLUGIN, render_device_plugin(ctx, config),
+                                            config),
+            ]
+        except WriteFailed as e:  # said in the condition, and tried again later
+            await self._condition(config, [str(e)])
+            raise
         await self._condition(config, problems)
         return Result(requeue_after=ROLLOUT_RECHECK) if problems else None
 

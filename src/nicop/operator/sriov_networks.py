@@ -29,6 +29,7 @@ from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.resources import NAMESPACE, Obj, Resource
 from nicop.kube.resources import NETWORK_ATTACHMENT_DEFINITION as NAD
+from nicop.operator import writes
 from nicop.operator.networks import (
     MANAGED_LABEL,
     RESOURCE_NAME_ANNOTATION,
@@ -38,6 +39,7 @@ from nicop.operator.networks import (
 )
 from nicop.operator.sriov_drain import DEFAULT_RESOURCE_PREFIX, resource_prefix
 from nicop.operator.states.base import REVISION_ANNOTATION, content_hash
+from nicop.operator.writes import WriteFailed
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +238,12 @@ class SriovNetworkController:
         revision = nad["metadata"]["annotations"][REVISION_ANNOTATION]
         if current is None or (current["metadata"].get("annotations") or {}).get(
                 REVISION_ANNOTATION) != revision:
-            self.nads.assume(await self.client.apply(nad))
+            try:
+                self.nads.assume((await writes.apply(self.client, nad))[0])
+            except WriteFailed as e:  # said in the condition, and tried again later
+                await self._condition(kind, cr, "False", "NetworkAttachmentDefinitionFailed",
+                                      str(e))
+                raise
             log.info("applied NetworkAttachmentDefinition %s/%s", target, name, extra=about)
         annotations = cr["metadata"].get("annotations") or {}
         if annotations.get(LAST_NAMESPACE_ANNOTATION) != target:
