@@ -22,9 +22,9 @@ from rich.text import Text
 from nicop import status as st
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.resources import EVENT, POD, Obj
+from nicop.kube.scheduling import node_matches, tolerates
 from nicop.operator import nodes as node_rules
 from nicop.operator import upgrade
-from nicop.operator.ipam import node_matches
 from nicop.operator.networks import RESOURCE_NAME_ANNOTATION
 from nicop.operator.policy import POLICY_NAME
 from nicop.operator.run import LEASE_NAME
@@ -457,20 +457,6 @@ def _selector_mismatch(ds: Obj, node: Obj) -> list[tuple[str, str]]:
         "nodeSelector") or {}
     labels = st.labels_of(node)
     return [(k, str(v)) for k, v in selector.items() if labels.get(k) != v]
-
-
-def tolerates(tolerations: list[Obj], taint: Obj) -> bool:
-    """core/v1 toleration matching."""
-    for t in tolerations:
-        if t.get("effect") and t.get("effect") != taint.get("effect"):
-            continue
-        if t.get("operator") == "Exists":
-            if not t.get("key") or t.get("key") == taint.get("key"):
-                return True
-        elif t.get("key") == taint.get("key") and (t.get("value") or "") == (
-                taint.get("value") or ""):
-            return True
-    return False
 
 
 def _why_no_pod(snap: Snapshot, ds: Obj, node: Obj) -> tuple[str, str]:

@@ -8,7 +8,6 @@ a config daemon, the SR-IOV device plugin and the kubelet stand-in (see test_sri
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import uuid
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from lightkube.models.policy_v1 import PodDisruptionBudgetSpec
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
 from lightkube.resources.policy_v1 import PodDisruptionBudget
+from tests.integration.agent_loop import delete
 from tests.integration.operator_process import wait_for
 from tests.integration.test_sriov_e2e import (
     PF0,
@@ -193,7 +193,6 @@ def test_numvfs_change_drains_at_most_two_nodes_at_a_time(five: LocalCluster) ->
     try:
         asyncio.run(main())
     finally:
-        with contextlib.suppress(ApiError):
-            client.delete(Deployment, "vf-user", namespace=WORK)
-            client.delete(PodDisruptionBudget, "vf-user", namespace=WORK)
-            client.delete(Pod, "bystander", namespace=WORK)
+        for kind, name in ((Deployment, "vf-user"), (PodDisruptionBudget, "vf-user"),
+                           (Pod, "bystander")):
+            delete(client, kind, name, WORK)

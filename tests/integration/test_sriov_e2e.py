@@ -133,24 +133,31 @@ class Rig:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        """Stop everything; a background task that crashed fails the test that ran it."""
         self._stop.set()
         for task in self._tasks:
             if not task.done() and task is not self._tasks[0]:
-                with contextlib.suppress(asyncio.TimeoutError, Exception):
+                with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(asyncio.shield(task), 10)
+        crashed = [task for task in [*self._tasks, *(n.agent_task for n in self.sim.values()
+                                                     if n.agent_task is not None)]
+                   if task.done() and not task.cancelled() and task.exception() is not None]
         for task in self._tasks:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
         for node in self.sim.values():
-            if node.agent_task is not None:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
+            if node.agent_task is not None and not node.agent_task.done():
+                node.agent_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
                     await node.agent_task
             if node.kubelet is not None:
                 await node.kubelet.close()
             shutil.rmtree(node.root, ignore_errors=True)
         for client in self._clients:
             await client.close()
+        if crashed and exc[0] is None:
+            raise crashed[0].exception()  # type: ignore[misc]
 
     def _client(self) -> ApiClient:
         client = ApiClient(self.kubeconfig)

@@ -310,9 +310,12 @@ class DaemonThread:
             raise self._error
 
     def stop(self) -> None:
+        """Stop the daemon; if it crashed after starting, that fails the test that ran it."""
         if self._loop is not None and self._stop is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(30)
+        if self._error is not None:
+            raise self._error
 
 
 class DaemonProcess:

@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
+from nicop.kube.scheduling import node_matches
 from nicop.operator.ipam import (
     InvalidPool,
     carve_cidrpool,
     carve_ippool,
     gateway_for,
-    node_matches,
 )
 
 NODES = ["node-1", "node-2", "node-3"]

@@ -36,6 +36,7 @@ from nicop.kube.resources import (
     key_of,
     resource_of,
 )
+from nicop.kube.scheduling import daemon_pod_fits
 from nicop.operator import nodes as node_rules
 from nicop.operator import writes
 from nicop.operator.states import STATES
@@ -85,7 +86,7 @@ class PolicyController:
         self.recorder = recorder
         self.context = context
         self.policies = manager.informer(NCP)
-        self.nodes = manager.informer(NODE, metadata_only=True)
+        self.nodes = manager.informer(NODE)  # labels, and taints: where DaemonSets should run
         self.driver_pods = manager.informer(POD, namespace, label_selector=DRIVER_LABEL)
         self.owned: dict[Resource, Informer] = {
             res: manager.informer(res, namespace if res.namespaced else None,
@@ -102,7 +103,10 @@ class PolicyController:
             informer.on_change(lambda ev, obj, old: queue.add(POLICY_NAME))
 
     def _node_changed(self, event: str, node: Obj, old: Obj | None) -> None:
-        if event != "MODIFIED" or node_rules.labels_of(node) != node_rules.labels_of(old or {}):
+        """Labels and taints decide what runs where; heartbeats change nothing here."""
+        if event != "MODIFIED" or node_rules.labels_of(node) != node_rules.labels_of(
+                old or {}) or (node.get("spec") or {}).get("taints") != ((old or {}).get(
+                "spec") or {}).get("taints"):
             self.controller.queue.add(POLICY_NAME)
 
     # ------------------------------------------------------------------ reconcile
@@ -124,9 +128,10 @@ class PolicyController:
                       managed_nodes=[n for n in all_nodes if node_rules.is_managed(n)],
                       **self.context)
         unmanaged = [r for n in all_nodes if (r := node_rules.unmanaged_reason(n))]
+        # Labels first: the device plugins' DaemonSets are judged on the nodes they select now.
+        label_errors = await self._sync_node_labels(policy)
         # Each state on its own: a write the API server refuses fails that state only.
         applied = [await self._sync_state(state, ctx, unmanaged) for state in STATES]
-        label_errors = await self._sync_node_labels(policy)
         status = self._status(policy, applied, unmanaged, label_errors)
         if progress := upgrade_progress(all_nodes):
             status["driverUpgrade"] = progress
@@ -230,6 +235,11 @@ class PolicyController:
         updated = status.get("updatedNumberScheduled", 0)
         if desired == 0:
             return f"{where} matches no node: " + self._why_no_node(cached, ctx, unmanaged)
+        template = cached["spec"]["template"].get("spec") or {}
+        expected = sum(daemon_pod_fits(template, n) for n in self.nodes.store.items())
+        if desired < expected:  # e.g. a node's driver just became ready: not counted yet
+            return (f"{where}: scheduled on {desired} of the {expected} nodes it should run on "
+                    "(the DaemonSet controller has not caught up yet)")
         if available != desired or updated != desired:
             return f"{where}: {available} of {desired} pods available, {updated} updated"
         return None
@@ -269,7 +279,7 @@ class PolicyController:
                 continue
             name = node["metadata"]["name"]
             try:
-                await self.client.patch(NODE, name, {"metadata": patch})
+                self.nodes.assume(await self.client.patch(NODE, name, {"metadata": patch}))
             except (ApiError, httpx.HTTPError, OSError) as e:
                 message = f"labelling node {name} {MOFED_WAIT_LABEL}={wanted} failed: {e}"
                 log.error("%s", message, extra=logs.about("Node", name))

@@ -1,0 +1,87 @@
+"""Which nodes a pod may run on, as core/v1 defines it: node selectors, required node affinity,
+taints and tolerations, and the tolerations the DaemonSet controller adds to its pods."""
+
+from __future__ import annotations
+
+from nicop.kube.resources import Obj
+
+# What the DaemonSet controller tolerates for every DaemonSet pod (and, with hostNetwork,
+# network-unavailable too), so nodes with these taints still get its pods.
+DAEMON_TOLERATIONS = (
+    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/disk-pressure", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/memory-pressure", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/pid-pressure", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+)
+HOST_NETWORK_TOLERATION = {"key": "node.kubernetes.io/network-unavailable", "operator": "Exists",
+                           "effect": "NoSchedule"}
+
+
+def _requirement(req: Obj, values: dict[str, str]) -> bool:
+    key, op, wanted = req.get("key", ""), req.get("operator", ""), req.get("values") or []
+    if op == "Exists":
+        return key in values
+    if op == "DoesNotExist":
+        return key not in values
+    if op == "In":
+        return key in values and values[key] in wanted
+    if op == "NotIn":
+        return key not in values or values[key] not in wanted
+    if op in ("Gt", "Lt") and key in values and len(wanted) == 1:
+        try:
+            have, bound = int(values[key]), int(wanted[0])
+        except ValueError:
+            return False
+        return have > bound if op == "Gt" else have < bound
+    return False
+
+
+def node_matches(selector: Obj | None, node: Obj) -> bool:
+    """core/v1 NodeSelector semantics: terms ORed, requirements ANDed, an empty term matches
+    nothing; no selector matches every node."""
+    if not selector:
+        return True
+    meta = node.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    fields = {"metadata.name": meta.get("name", "")}
+    for term in selector.get("nodeSelectorTerms") or []:
+        exprs, field_reqs = term.get("matchExpressions") or [], term.get("matchFields") or []
+        if not exprs and not field_reqs:
+            continue
+        if all(_requirement(r, labels) for r in exprs) and \
+                all(_requirement(r, fields) for r in field_reqs):
+            return True
+    return False
+
+
+def tolerates(tolerations: list[Obj], taint: Obj) -> bool:
+    """core/v1 toleration matching."""
+    for t in tolerations:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        if t.get("operator") == "Exists":
+            if not t.get("key") or t.get("key") == taint.get("key"):
+                return True
+        elif t.get("key") == taint.get("key") and (t.get("value") or "") == (
+                taint.get("value") or ""):
+            return True
+    return False
+
+
+def daemon_pod_fits(pod_spec: Obj, node: Obj) -> bool:
+    """Whether the DaemonSet controller runs a pod of this template on the node: its
+    nodeSelector, its required node affinity, and every NoSchedule/NoExecute taint tolerated."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    if any(labels.get(k) != v for k, v in (pod_spec.get("nodeSelector") or {}).items()):
+        return False
+    required = (((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"))
+    if required and not node_matches(required, node):
+        return False
+    tolerations = [*(pod_spec.get("tolerations") or []), *DAEMON_TOLERATIONS]
+    if pod_spec.get("hostNetwork"):
+        tolerations.append(HOST_NETWORK_TOLERATION)
+    return all(tolerates(tolerations, taint) for taint in (node.get("spec") or {}).get(
+        "taints") or [] if taint.get("effect") in ("NoSchedule", "NoExecute"))
