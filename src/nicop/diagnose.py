@@ -20,20 +20,22 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from nicop import status as st
-from nicop.kube.client import ApiClient, ApiError
-from nicop.kube.resources import EVENT, POD, Obj
-from nicop.kube.scheduling import node_matches, tolerates
-from nicop.operator import nodes as node_rules
-from nicop.operator import upgrade
-from nicop.operator.networks import RESOURCE_NAME_ANNOTATION
-from nicop.operator.policy import POLICY_NAME
-from nicop.operator.run import LEASE_NAME
-from nicop.operator.states.base import (
+from nicop.api import nodes as node_rules
+from nicop.api import upgrade
+from nicop.api.labels import (
+    DRIVER_CONTAINER,
+    LEASE_NAME,
     MELLANOX_LABEL,
     MOFED_WAIT_LABEL,
     OPT_IN_LABEL,
+    POLICY_NAME,
+    POOL_LABELS,
+    RESOURCE_NAME_ANNOTATION,
     STATE_LABEL,
 )
+from nicop.kube.client import ApiClient, ApiError
+from nicop.kube.resources import EVENT, POD, Obj
+from nicop.kube.scheduling import node_matches, tolerates
 
 Result = Literal["pass", "warn", "fail"]
 Snapshot = st.Snapshot
@@ -372,10 +374,8 @@ def _driver_checks(snap: Snapshot, node: Obj, policy: Obj) -> list[Check]:
             cause, fix = ("the operator has not created a driver DaemonSet yet",
                           "see the component state-OFED in `nicop status`")
         elif not selecting:
-            from nicop.operator.states import ofed
-
             values = ", ".join(f"{k}={st.labels_of(node).get(k, '<unset>')}"
-                               for k in ofed.POOL_LABELS)
+                               for k in POOL_LABELS)
             cause = (f"no driver DaemonSet selects it: its OS and kernel labels ({values}) "
                      "match no driver pool")
             fix = ("let NFD label the node's OS and kernel (system-os_release.ID, "
@@ -390,12 +390,12 @@ def _driver_checks(snap: Snapshot, node: Obj, policy: Obj) -> list[Check]:
         restarts = driver["restarts"]
         checks.append(Check(
             subject, "driver", "fail",
-            f"driver container {st.DRIVER_CONTAINER} of pod {ns}/{pod} is not Ready "
+            f"driver container {DRIVER_CONTAINER} of pod {ns}/{pod} is not Ready "
             f"({driver['problem'] or 'readiness probe failing'}; {restarts} restarts): the "
             f"driver is not loaded, so nothing on this node can use RDMA. Readiness is the "
             f"container's Ready: its startup probe checks {st.READY_FILE} on the node, which "
             "the API cannot show",
-            f"kubectl -n {ns} logs {pod} -c {st.DRIVER_CONTAINER}"
+            f"kubectl -n {ns} logs {pod} -c {DRIVER_CONTAINER}"
             + (" --previous" if restarts else "")
             + " (missing kernel headers and unreachable package repositories are the usual "
             "causes)"))
@@ -421,7 +421,7 @@ def _driver_checks(snap: Snapshot, node: Obj, policy: Obj) -> list[Check]:
         checks.append(Check(
             subject, "driver upgrade", "fail",
             f"the driver upgrade failed on node {name}" + (f": {reason}" if reason else ""),
-            f"kubectl -n {ns} logs {pod} -c {st.DRIVER_CONTAINER}; the node moves on once the "
+            f"kubectl -n {ns} logs {pod} -c {DRIVER_CONTAINER}; the node moves on once the "
             "driver container is Ready"))
     return checks
 

@@ -26,26 +26,38 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from nicop.api import labels as ofed
+from nicop.api import nodes as node_rules
+from nicop.api import upgrade
 from nicop.api.agents import is_nicop_image
+from nicop.api.labels import (
+    DRIVER_CONTAINER,
+    LEASE_NAME,
+    MELLANOX_LABEL,
+    MOFED_WAIT_LABEL,
+    POLICY_NAME,
+    STATE_LABEL,
+)
 from nicop.kube.client import ApiClient, ApiError
-from nicop.kube.resources import DAEMONSET, LEASE, NETWORK_ATTACHMENT_DEFINITION, NODE, POD, Obj
+from nicop.kube.resources import (
+    CIDRPOOL,
+    DAEMONSET,
+    IPPOOL,
+    LEASE,
+    NETWORK_ATTACHMENT_DEFINITION,
+    NODE,
+    POD,
+    SRIOV_NODE_STATE,
+    Obj,
+)
+from nicop.kube.resources import NIC_CLUSTER_POLICY as NCP
 from nicop.kube.resources import Resource as Kind
-from nicop.operator import nodes as node_rules
-from nicop.operator import upgrade
-from nicop.operator.ipam import CIDRPOOL, IPPOOL
-from nicop.operator.policy import NCP, POLICY_NAME, upgrade_progress
-from nicop.operator.run import LEASE_NAME
-from nicop.operator.states import ofed
-from nicop.operator.states.base import MELLANOX_LABEL, MOFED_WAIT_LABEL, STATE_LABEL
 
 Snapshot = dict[str, Any]
 
 SCHEMA_VERSION = 1
 DEFAULT_NAMESPACE = "nvidia-network-operator"
-DRIVER_CONTAINER = "mofed-container"
-READY_FILE = ofed.READY_FILE
-SRIOV_NODE_STATE = Kind("sriovnetwork.openshift.io", "v1", "SriovNetworkNodeState",
-                        "sriovnetworknodestates")
+READY_FILE = ofed.DRIVER_READY_FILE
 # Resources shown per node: the RDMA shared device plugin's default prefix and nvidia.com
 # (both device plugins as the operator configures them), but not the GPU operator's GPUs.
 RESOURCE_PREFIXES = ("rdma/", "nvidia.com/")
@@ -463,7 +475,7 @@ def summarize(snap: Snapshot) -> Obj:
                                   if name_of(p) != POLICY_NAME),
         "nodes": [_node(snap, n, expected) for n in nodes],
         "ipamPools": _pools(snap),
-        "driverUpgrade": upgrade_progress(nodes),
+        "driverUpgrade": upgrade.progress(nodes),
         "errors": list(snap.get("errors") or []),
     }
 
@@ -523,9 +535,8 @@ def _node(snap: Snapshot, node: Obj, expected: list[str]) -> Obj:
 
 def _pools(snap: Snapshot) -> list[Obj]:
     """Each IPPool and CIDRPool with the usage its nodes' CNI daemons publish."""
-    from nicop.cni.daemon import node_usage  # the daemon module pulls in netlink: read late
 
-    usage = {name_of(n): node_usage(n) for n in snap.get("nodes") or []}
+    usage = {name_of(n): node_rules.ipam_usage(n) for n in snap.get("nodes") or []}
     out = []
     for kind, pools, network_field in (("IPPool", snap.get("ipPools") or [], "subnet"),
                                        ("CIDRPool", snap.get("cidrPools") or [], "cidr")):

@@ -25,7 +25,8 @@ from lightkube.types import PatchType
 from tests.integration.operator_process import wait_for
 from tests.netns.cni_harness import DaemonThread
 
-from nicop.cni.daemon import CniDaemon, DaemonOptions, node_usage
+from nicop.api.nodes import ipam_usage
+from nicop.cni.daemon import CniDaemon, DaemonOptions
 from nicop.kube.client import ApiClient
 from nicop.kube.manager import Manager
 from nicop.operator.ipam import IpamController
@@ -222,7 +223,7 @@ def test_the_cleaner_frees_the_address_of_a_deleted_pod(
             return {r.container_id for r in daemon.daemon.store.snapshot()["pool"]}
 
         wait_for(lambda: holders() == {"alive"}, 30, "stale addresses freed")
-        usage = wait_for(lambda: node_usage(client.get(Node, "node-1").to_dict()).get("pool"),
+        usage = wait_for(lambda: ipam_usage(client.get(Node, "node-1").to_dict()).get("pool"),
                          30, "usage on the node")
         assert usage == {"allocated": 1, "size": 100}
 

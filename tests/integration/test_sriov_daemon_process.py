@@ -32,7 +32,7 @@ from tests.integration.test_sriov_e2e import (
     until,
 )
 
-from nicop.api.sriovnetwork import BLOCKED_ANNOTATION, CURRENT_STATE, DESIRED_STATE
+from nicop.api.labels import BLOCKED_ANNOTATION, CURRENT_STATE, DESIRED_STATE
 from nicop.kube.resources import NODE, Obj
 from nicop.sim.hardware import SimulatedHost
 

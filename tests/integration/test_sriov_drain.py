@@ -41,7 +41,7 @@ from tests.integration.test_sriov_e2e import (
 )
 
 from nicop.api.install import install_crds
-from nicop.api.sriovnetwork import CURRENT_STATE, DESIRED_STATE
+from nicop.api.labels import CURRENT_STATE, DESIRED_STATE
 from nicop.kube.resources import NODE, Obj
 from nicop.sim.cluster import LocalCluster, running_cluster
 

@@ -29,7 +29,7 @@ from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Node, Pod
 
-from nicop.api.sriovnetwork import CURRENT_STATE, DESIRED_STATE, NODE_STATE_ANNOTATION
+from nicop.api.labels import CURRENT_STATE, DESIRED_STATE, NODE_STATE_ANNOTATION
 from nicop.kube.client import ApiClient
 from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Manager

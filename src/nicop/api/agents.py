@@ -11,8 +11,6 @@ from __future__ import annotations
 import os
 import re
 
-from nicop import __version__
-
 IMAGE_NAME = "nicop"
 IMAGE_ENV = "NICOP_IMAGE"
 # A container image reference whose name is `nicop`: [registry/path/]nicop[:tag][@digest].
@@ -36,7 +34,11 @@ def is_nicop_image(ref: str) -> bool:
 
 def own_image() -> str:
     """The image the operator deploys nicop's agents from: $NICOP_IMAGE, else nicop:<version>."""
-    return os.environ.get(IMAGE_ENV) or f"{IMAGE_NAME}:{__version__}"
+    if env := os.environ.get(IMAGE_ENV):
+        return env
+    from importlib.metadata import version
+
+    return f"{IMAGE_NAME}:{version('nicop')}"
 
 
 def uses_nicop(section: dict[str, object] | None) -> bool:

@@ -27,18 +27,6 @@ from nicop.api.common import (
 GROUP = "sriovnetwork.openshift.io"
 VERSION = "v1"
 
-# The drain handshake between the config daemon and the operator, as upstream spells it.
-NODE_STATE_ANNOTATION = "sriovnetwork.openshift.io/state"  # on the Node, by the daemon
-DESIRED_STATE = "sriovnetwork.openshift.io/desired-state"  # on the node state, by the daemon
-CURRENT_STATE = "sriovnetwork.openshift.io/current-state"  # on the node state, by the operator
-IDLE = "Idle"
-DRAIN_REQUIRED = "Drain_Required"
-REBOOT_REQUIRED = "Reboot_Required"
-DRAINING = "Draining"
-DRAIN_COMPLETE = "DrainComplete"
-# nicop addition: what holds a drain up, which the daemon reports in lastSyncError.
-BLOCKED_ANNOTATION = "nicop.io/sriov-drain-blocked"
-
 MAX_MTU = 65535
 """The largest MTU Linux allows on an Ethernet or IPoIB interface."""
 

@@ -91,12 +91,13 @@ def driver_run(
     import signal
 
     from nicop import logs
+    from nicop.api.labels import SAFE_LOAD_ANNOTATION
     from nicop.node import driver
     from nicop.node.driver_backends import DriverBackend, HostBackend
     from nicop.node.host import Host
 
     logs.setup("info", log_format)
-    annotation = driver.SAFE_LOAD_ANNOTATION
+    annotation = SAFE_LOAD_ANNOTATION
     try:
         if init_config is not None:
             from_file, annotation = driver.load_init_config(in_container(init_config))

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from prometheus_client import Counter, Histogram
 
+from nicop.api.labels import IPAM_USAGE_ANNOTATION
 from nicop.cni.cleaner import Cleaner
 from nicop.cni.hostdevice import HostDevicePlugin
 from nicop.cni.ipam import Ipam, NvIpamPlugin
@@ -35,7 +36,6 @@ from nicop.cni.spec import (
     SUPPORTED_VERSIONS,
     CniError,
     Code,
-    Obj,
     parse_request,
     render_result,
     version_reply,
@@ -54,7 +54,6 @@ from nicop.node.readiness import Readiness
 log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET = "/run/nicop/cni.sock"
-USAGE_ANNOTATION = "nicop.io/ipam-usage"
 MAGIC = b"CNI1"
 
 REQUESTS = Counter("nicop_cni_requests_total", "CNI calls by plugin, command and result",
@@ -285,24 +284,13 @@ class CniDaemon:
             if text != last:
                 try:
                     await self.client.patch(NODE, self.options.node_name, {
-                        "metadata": {"annotations": {USAGE_ANNOTATION: text}}})
+                        "metadata": {"annotations": {IPAM_USAGE_ANNOTATION: text}}})
                     last = text
                 except ApiError as e:
                     log.warning("could not publish IPAM usage on node %s: %s",
                                 self.options.node_name, e)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), every)
-
-
-def node_usage(node: Obj) -> Obj:
-    """A Node's published IPAM usage, `{pool: {"allocated": n, "size": m}}` (empty if none),
-    for `nicop status`."""
-    annotations = (node.get("metadata") or {}).get("annotations") or {}
-    try:
-        usage = json.loads(annotations.get(USAGE_ANNOTATION) or "{}")
-    except ValueError:
-        return {}
-    return usage if isinstance(usage, dict) else {}
 
 
 async def run(stop: asyncio.Event, options: DaemonOptions) -> None:

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from nicop.cni.spec import CniError, Code, Obj, config_error
 from nicop.kube.informer import Informer
 from nicop.kube.manager import Manager
-from nicop.operator.ipam import CIDRPOOL, IPPOOL
+from nicop.kube.resources import CIDRPOOL, IPPOOL
 
 log = logging.getLogger(__name__)
 

@@ -66,6 +66,23 @@ NETWORK_ATTACHMENT_DEFINITION = Resource(
     "k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition", "network-attachment-definitions"
 )
 
+# nicop's kinds (their models and CRDs are in nicop.api).
+NIC_CLUSTER_POLICY = Resource("mellanox.com", "v1alpha1", "NicClusterPolicy",
+                              "nicclusterpolicies", namespaced=False)
+IPPOOL = Resource("nv-ipam.nvidia.com", "v1alpha1", "IPPool", "ippools")
+CIDRPOOL = Resource("nv-ipam.nvidia.com", "v1alpha1", "CIDRPool", "cidrpools")
+SRIOV_GROUP, SRIOV_VERSION = "sriovnetwork.openshift.io", "v1"
+SRIOV_NODE_POLICY = Resource(SRIOV_GROUP, SRIOV_VERSION, "SriovNetworkNodePolicy",
+                             "sriovnetworknodepolicies")
+SRIOV_NODE_STATE = Resource(SRIOV_GROUP, SRIOV_VERSION, "SriovNetworkNodeState",
+                            "sriovnetworknodestates")
+SRIOV_OPERATOR_CONFIG = Resource(SRIOV_GROUP, SRIOV_VERSION, "SriovOperatorConfig",
+                                 "sriovoperatorconfigs")
+SRIOV_POOL_CONFIG = Resource(SRIOV_GROUP, SRIOV_VERSION, "SriovNetworkPoolConfig",
+                             "sriovnetworkpoolconfigs")
+SRIOV_NETWORK = Resource(SRIOV_GROUP, SRIOV_VERSION, "SriovNetwork", "sriovnetworks")
+SRIOV_IB_NETWORK = Resource(SRIOV_GROUP, SRIOV_VERSION, "SriovIBNetwork", "sriovibnetworks")
+
 BUILTIN = {
     r.api_version + "/" + r.kind: r
     for r in (

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nicop.api.labels import DRIVER_READY_FILE, SAFE_LOAD_ANNOTATION
 from nicop.kube.client import ApiClient
 from nicop.kube.resources import NODE
 from nicop.node import discovery
@@ -40,8 +41,7 @@ from nicop.node.host import Host
 
 log = logging.getLogger("nicop.driver")
 
-READY_FILE = "/run/mellanox/drivers/.driver-ready"
-SAFE_LOAD_ANNOTATION = "nvidia.com/ofed-driver-upgrade.driver-wait-for-safe-load"
+READY_FILE = DRIVER_READY_FILE
 # Host /etc is mounted at /host/etc in the driver container.
 UDEV_RULES_FILE = "/host/etc/udev/rules.d/77-mlnx-net-names.rules"
 PROC_MODULES = "/proc/modules"

@@ -41,30 +41,28 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from nicop import logs
-from nicop.api.sriovnetwork import (
+from nicop.api.labels import (
     BLOCKED_ANNOTATION,
     CURRENT_STATE,
     DESIRED_STATE,
     DRAIN_COMPLETE,
     DRAIN_REQUIRED,
-    GROUP,
     IDLE,
     NODE_STATE_ANNOTATION,
     REBOOT_REQUIRED,
-    VERSION,
 )
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.conditions import with_condition
 from nicop.kube.informer import Informer
-from nicop.kube.resources import NODE, Obj, Resource
+from nicop.kube.resources import NODE, SRIOV_NODE_STATE, SRIOV_OPERATOR_CONFIG, Obj
 from nicop.node.discovery import NETWORK_CLASS, Inventory, PciFunction, scan
 from nicop.node.host import Host
 from nicop.node.readiness import Readiness
 
 log = logging.getLogger(__name__)
 
-NODE_STATE = Resource(GROUP, VERSION, "SriovNetworkNodeState", "sriovnetworknodestates")
-OPERATOR_CONFIG = Resource(GROUP, VERSION, "SriovOperatorConfig", "sriovoperatorconfigs")
+NODE_STATE = SRIOV_NODE_STATE
+OPERATOR_CONFIG = SRIOV_OPERATOR_CONFIG
 
 IN_PROGRESS = "InProgress"
 SUCCEEDED = "Succeeded"

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 
 from nicop import logs
 from nicop.api.agents import CNI_PLUGINS, own_image
+from nicop.api.labels import MOFED_WAIT_LABEL
 from nicop.kube.client import ApiClient
 from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.resources import NETWORK_ATTACHMENT_DEFINITION as NAD
@@ -24,7 +25,6 @@ from nicop.kube.resources import Obj
 from nicop.operator.components import Components
 from nicop.operator.sriov import DEVICE_PLUGIN_LABEL
 from nicop.operator.states.base import (
-    MOFED_WAIT_LABEL,
     Context,
     agent_container,
     cluster_rbac,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from nicop.api.labels import REVISION_ANNOTATION
 from nicop.kube.client import ApiClient
 from nicop.kube.manager import Manager
 from nicop.kube.resources import (
@@ -24,7 +25,7 @@ from nicop.kube.resources import (
     resource_of,
 )
 from nicop.operator import writes
-from nicop.operator.states.base import REVISION_ANNOTATION, content_hash
+from nicop.operator.states.base import content_hash
 
 COMPONENT_LABEL = "nicop.io/component"
 KINDS = (SERVICE_ACCOUNT, CONFIGMAP, CLUSTER_ROLE, CLUSTER_ROLE_BINDING, DAEMONSET)

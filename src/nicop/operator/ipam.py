@@ -21,13 +21,11 @@ from nicop.kube.client import ApiError
 from nicop.kube.events import EventRecorder
 from nicop.kube.informer import Informer
 from nicop.kube.manager import Controller, Manager, Result
-from nicop.kube.resources import NODE, Obj, Resource, key_of
+from nicop.kube.resources import CIDRPOOL, IPPOOL, NODE, Obj, Resource, key_of
 from nicop.kube.scheduling import node_matches
 
 log = logging.getLogger(__name__)
 
-IPPOOL = Resource("nv-ipam.nvidia.com", "v1alpha1", "IPPool", "ippools")
-CIDRPOOL = Resource("nv-ipam.nvidia.com", "v1alpha1", "CIDRPool", "cidrpools")
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 

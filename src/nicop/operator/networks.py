@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from nicop import logs
+from nicop.api.labels import REVISION_ANNOTATION
 from nicop.kube.client import ApiClient
 from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.resources import NETWORK_ATTACHMENT_DEFINITION as NAD
 from nicop.kube.resources import Obj, Resource, key_of
 from nicop.operator import writes
-from nicop.operator.states.base import REVISION_ANNOTATION, content_hash
+from nicop.operator.states.base import content_hash
 from nicop.operator.writes import WriteFailed
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,21 @@ import httpx2 as httpx
 from pydantic import ValidationError
 
 from nicop import logs
+from nicop.api import upgrade
+from nicop.api.labels import (
+    DRIVER_CONTAINER,
+    DRIVER_LABEL,
+    MELLANOX_LABEL,
+    MOFED_WAIT_LABEL,
+    OPT_IN_LABEL,
+    OWNER_LABEL,
+    OWNER_VALUE,
+    POLICY_NAME,
+    REVISION_ANNOTATION,
+    STATE_LABEL,
+)
 from nicop.api.mellanox import NicClusterPolicy
+from nicop.api.nodes import is_managed, labels_of, unmanaged_reason
 from nicop.api.validate import removed_field_warnings
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.events import EventRecorder
@@ -28,6 +42,7 @@ from nicop.kube.resources import (
     CONFIGMAP,
     DAEMONSET,
     DEPLOYMENT,
+    NIC_CLUSTER_POLICY,
     NODE,
     POD,
     SERVICE_ACCOUNT,
@@ -40,27 +55,12 @@ from nicop.kube.scheduling import daemon_pod_fits
 from nicop.operator import nodes as node_rules
 from nicop.operator import writes
 from nicop.operator.states import STATES
-from nicop.operator.states.base import (
-    MELLANOX_LABEL,
-    MOFED_WAIT_LABEL,
-    OPT_IN_LABEL,
-    OWNER_LABEL,
-    OWNER_VALUE,
-    REVISION_ANNOTATION,
-    STATE_LABEL,
-    Context,
-    RenderError,
-    State,
-    content_hash,
-)
-from nicop.operator.states.ofed import DRIVER_LABEL
+from nicop.operator.states.base import Context, RenderError, State, content_hash
 from nicop.operator.writes import WriteFailed
 
 log = logging.getLogger(__name__)
 
-NCP = Resource("mellanox.com", "v1alpha1", "NicClusterPolicy", "nicclusterpolicies",
-               namespaced=False)
-POLICY_NAME = "nic-cluster-policy"
+NCP = NIC_CLUSTER_POLICY
 OWNED = (SERVICE_ACCOUNT, CONFIGMAP, CLUSTER_ROLE, CLUSTER_ROLE_BINDING, DAEMONSET, DEPLOYMENT)
 NOT_READY_RECHECK = 30.0
 MAX_RETRY = 60.0  # seconds between tries of a write the API server keeps refusing
@@ -104,7 +104,7 @@ class PolicyController:
 
     def _node_changed(self, event: str, node: Obj, old: Obj | None) -> None:
         """Labels and taints decide what runs where; heartbeats change nothing here."""
-        if event != "MODIFIED" or node_rules.labels_of(node) != node_rules.labels_of(
+        if event != "MODIFIED" or labels_of(node) != labels_of(
                 old or {}) or (node.get("spec") or {}).get("taints") != ((old or {}).get(
                 "spec") or {}).get("taints"):
             self.controller.queue.add(POLICY_NAME)
@@ -125,15 +125,15 @@ class PolicyController:
             return None
         all_nodes = self.nodes.store.items()
         ctx = Context(policy, self.namespace,
-                      managed_nodes=[n for n in all_nodes if node_rules.is_managed(n)],
+                      managed_nodes=[n for n in all_nodes if is_managed(n)],
                       **self.context)
-        unmanaged = [r for n in all_nodes if (r := node_rules.unmanaged_reason(n))]
+        unmanaged = [r for n in all_nodes if (r := unmanaged_reason(n))]
         # Labels first: the device plugins' DaemonSets are judged on the nodes they select now.
         label_errors = await self._sync_node_labels(policy)
         # Each state on its own: a write the API server refuses fails that state only.
         applied = [await self._sync_state(state, ctx, unmanaged) for state in STATES]
         status = self._status(policy, applied, unmanaged, label_errors)
-        if progress := upgrade_progress(all_nodes):
+        if progress := upgrade.progress(all_nodes):
             status["driverUpgrade"] = progress
         if warnings := removed_fields(policy):
             status["conditions"].append(_condition(
@@ -253,7 +253,7 @@ class PolicyController:
             selector = ds["spec"]["template"]["spec"].get("nodeSelector") or {}
             reason = f"none of the {len(managed)} managed nodes match its nodeSelector"
             for label, value in selector.items():
-                count = sum(node_rules.labels_of(n).get(label) == value for n in managed)
+                count = sum(labels_of(n).get(label) == value for n in managed)
                 if count == 0:
                     reason = f"0 of {len(managed)} managed nodes have {label}={value}"
                     if label == MOFED_WAIT_LABEL:
@@ -270,7 +270,7 @@ class PolicyController:
         for pod in self.driver_pods.store.items():
             node = pod.get("spec", {}).get("nodeName")
             if node:
-                ready[node] = ready.get(node, False) or _container_ready(pod, "mofed-container")
+                ready[node] = ready.get(node, False) or _container_ready(pod, DRIVER_CONTAINER)
         errors = []
         for node in self.nodes.store.items():
             wanted = node_rules.mofed_wait_value(node, ofed, ready) if policy else None
@@ -364,34 +364,6 @@ def _comparable(status: Obj) -> Obj:
     conditions = [{k: v for k, v in c.items() if k != "lastTransitionTime"}
                   for c in status.get("conditions") or []]
     return {**status, "conditions": conditions}
-
-
-def upgrade_progress(nodes: list[Obj]) -> Obj | None:
-    """The rolling-upgrade summary of status.driverUpgrade, from the nodes' upgrade labels."""
-    from nicop.operator import upgrade
-
-    counts = {"done": 0, "inProgress": 0, "waiting": 0, "failed": 0}
-    in_progress, failed = [], []
-    for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
-        state = node_rules.labels_of(node).get(upgrade.STATE_LABEL)
-        name = node["metadata"]["name"]
-        if state is None:
-            continue
-        if state == upgrade.DONE:
-            counts["done"] += 1
-        elif state == upgrade.FAILED:
-            counts["failed"] += 1
-            reason = (node["metadata"].get("annotations") or {}).get(upgrade.FAILURE_ANNOTATION)
-            failed.append({"name": name, **({"reason": reason} if reason else {})})
-        elif state in upgrade.IN_PROGRESS:
-            counts["inProgress"] += 1
-            in_progress.append(name)
-        else:
-            counts["waiting"] += 1
-    if not any(counts.values()):
-        return None
-    return {**counts, **({"inProgressNodes": in_progress} if in_progress else {}),
-            **({"failedNodes": failed} if failed else {})}
 
 
 def removed_fields(policy: Obj) -> list[str]:

@@ -8,6 +8,7 @@ import signal
 import socket
 from pathlib import Path
 
+from nicop.api.labels import LEASE_NAME
 from nicop.kube.client import ApiClient
 from nicop.kube.events import EventRecorder
 from nicop.kube.leader import LeaderElector
@@ -21,8 +22,6 @@ from nicop.operator.sriov_daemons import SriovDaemonsController
 from nicop.operator.sriov_drain import SriovDrainController
 from nicop.operator.sriov_networks import SriovNetworkController
 from nicop.operator.upgrade import UpgradeController
-
-LEASE_NAME = "12620820.mellanox.com"  # upstream's leader election ID, so only one of both runs
 
 
 async def run(

@@ -33,12 +33,11 @@ from collections.abc import Iterable, Mapping
 import httpx2 as httpx
 
 from nicop import logs
-from nicop.api.sriovnetwork import GROUP, VERSION
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.conditions import with_condition
 from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Controller, Manager, Result
-from nicop.kube.resources import CONFIGMAP, NODE, Obj, Resource
+from nicop.kube.resources import CONFIGMAP, NODE, SRIOV_NODE_POLICY, Obj
 from nicop.operator.sriov_drain import (
     NODE_STATE,
     OPERATOR_CONFIG,
@@ -51,7 +50,7 @@ from nicop.operator.sriov_drain import (
 
 log = logging.getLogger(__name__)
 
-POLICY = Resource(GROUP, VERSION, "SriovNetworkNodePolicy", "sriovnetworknodepolicies")
+POLICY = SRIOV_NODE_POLICY
 CONFIG_MAP_NAME = "device-plugin-config"
 DEVICE_PLUGIN_LABEL = "sriovnetwork.openshift.io/device-plugin"
 KEEP_UNTIL_ANNOTATION = "sriovnetwork.openshift.io/keep-state-until"

@@ -32,29 +32,34 @@ from collections.abc import Mapping
 from typing import Any
 
 from nicop import logs
-from nicop.api.sriovnetwork import (
+from nicop.api.labels import (
     BLOCKED_ANNOTATION,
     CURRENT_STATE,
     DESIRED_STATE,
     DRAIN_COMPLETE,
     DRAIN_REQUIRED,
     DRAINING,
-    GROUP,
     IDLE,
     REBOOT_REQUIRED,
-    VERSION,
 )
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Controller, Manager, Result
-from nicop.kube.resources import NODE, POD, Obj, Resource
+from nicop.kube.resources import (
+    NODE,
+    POD,
+    SRIOV_NODE_STATE,
+    SRIOV_OPERATOR_CONFIG,
+    SRIOV_POOL_CONFIG,
+    Obj,
+)
 from nicop.operator.upgrade import evictable, max_unavailable
 
 log = logging.getLogger(__name__)
 
-NODE_STATE = Resource(GROUP, VERSION, "SriovNetworkNodeState", "sriovnetworknodestates")
-OPERATOR_CONFIG = Resource(GROUP, VERSION, "SriovOperatorConfig", "sriovoperatorconfigs")
-POOL_CONFIG = Resource(GROUP, VERSION, "SriovNetworkPoolConfig", "sriovnetworkpoolconfigs")
+NODE_STATE = SRIOV_NODE_STATE
+OPERATOR_CONFIG = SRIOV_OPERATOR_CONFIG
+POOL_CONFIG = SRIOV_POOL_CONFIG
 CONFIG_NAME = "default"
 
 # Set by an external drainer (upstream): the operator then leaves the node's drain to it.

@@ -23,12 +23,13 @@ import logging
 from dataclasses import dataclass
 
 from nicop import logs
-from nicop.api.sriovnetwork import GROUP, VERSION
+from nicop.api.labels import REVISION_ANNOTATION
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Controller, Manager, Result
-from nicop.kube.resources import NAMESPACE, Obj, Resource
+from nicop.kube.resources import NAMESPACE, SRIOV_IB_NETWORK, SRIOV_NETWORK, Obj, Resource
 from nicop.kube.resources import NETWORK_ATTACHMENT_DEFINITION as NAD
+from nicop.kube.resources import SRIOV_GROUP as GROUP
 from nicop.operator import writes
 from nicop.operator.networks import (
     MANAGED_LABEL,
@@ -38,13 +39,11 @@ from nicop.operator.networks import (
     parse_meta_plugins,
 )
 from nicop.operator.sriov_drain import DEFAULT_RESOURCE_PREFIX, resource_prefix
-from nicop.operator.states.base import REVISION_ANNOTATION, content_hash
+from nicop.operator.states.base import content_hash
 from nicop.operator.writes import WriteFailed
 
 log = logging.getLogger(__name__)
 
-SRIOV_NETWORK = Resource(GROUP, VERSION, "SriovNetwork", "sriovnetworks")
-SRIOV_IB_NETWORK = Resource(GROUP, VERSION, "SriovIBNetwork", "sriovibnetworks")
 FINALIZER = "netattdef.finalizers.sriovnetwork.openshift.io"
 LAST_NAMESPACE_ANNOTATION = "operator.sriovnetwork.openshift.io/last-network-namespace"
 OWNER_ANNOTATION = "sriovnetwork.openshift.io/owner-ref"

@@ -21,40 +21,38 @@ from typing import Any
 from prometheus_client import Counter
 
 from nicop import logs
+from nicop.api.labels import DRIVER_LABEL, POLICY_NAME, SAFE_LOAD_ANNOTATION
+from nicop.api.upgrade import (
+    CORDON,
+    DONE,
+    DRAIN,
+    DRAIN_SKIP_LABEL,
+    DRAIN_START_ANNOTATION,
+    FAILED,
+    FAILURE_ANNOTATION,
+    IN_PROGRESS,
+    INITIAL_UNSCHEDULABLE_ANNOTATION,
+    LEGACY_STATE_ANNOTATION,
+    POD_RESTART,
+    REQUESTED_ANNOTATION,
+    REQUIRED,
+    SKIP_LABEL,
+    STATE_LABEL,
+    UNCORDON,
+    WAIT_FOR_JOBS,
+    WAIT_START_ANNOTATION,
+)
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.resources import CONTROLLER_REVISION, NODE, POD, Obj
-from nicop.operator.policy import NCP, POLICY_NAME
-from nicop.operator.states.ofed import DRIVER_LABEL
+from nicop.kube.resources import NIC_CLUSTER_POLICY as NCP
 
 log = logging.getLogger(__name__)
 
 TRANSITIONS = Counter("nicop_upgrade_transitions_total",
                       "Driver upgrade state changes of nodes, by new state", ["state"])
 
-STATE_LABEL = "nvidia.com/ofed-driver-upgrade-state"
-SKIP_LABEL = "nvidia.com/ofed-driver-upgrade.skip"
-DRAIN_SKIP_LABEL = "nvidia.com/ofed-driver-upgrade-drain.skip"
-SAFE_LOAD_ANNOTATION = "nvidia.com/ofed-driver-upgrade.driver-wait-for-safe-load"
-INITIAL_UNSCHEDULABLE_ANNOTATION = "nvidia.com/ofed-driver-upgrade.node-initial-state.unschedulable"
-WAIT_START_ANNOTATION = "nvidia.com/ofed-driver-upgrade-wait-for-pod-completion-start-time"
-REQUESTED_ANNOTATION = "nvidia.com/ofed-driver-upgrade-requested"
-LEGACY_STATE_ANNOTATION = "nvidia.com/ofed-upgrade-state"
-# nicop's additions: when a drain started (its timeout survives a restart) and why a node failed.
-DRAIN_START_ANNOTATION = "nicop.io/ofed-driver-upgrade-drain-start-time"
-FAILURE_ANNOTATION = "nicop.io/ofed-driver-upgrade-failure"
-
-REQUIRED = "upgrade-required"
-CORDON = "cordon-required"
-WAIT_FOR_JOBS = "wait-for-jobs-required"
-DRAIN = "drain-required"
-POD_RESTART = "pod-restart-required"
-FAILED = "upgrade-failed"
-UNCORDON = "uncordon-required"
-DONE = "upgrade-done"
-# Between cordon and uncordon: these count against maxParallelUpgrades.
-IN_PROGRESS = (CORDON, WAIT_FOR_JOBS, DRAIN, POD_RESTART, UNCORDON)
 MAX_DRIVER_RESTARTS = 10
 ACTIVE_RECHECK = 1.0
 STEP_CONCURRENCY = 32

@@ -21,10 +21,10 @@ import time
 
 import httpx2 as httpx
 
+from nicop.api.labels import DRIVER_LABEL
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.conditions import now
 from nicop.kube.resources import DAEMONSET, DEPLOYMENT, Obj, Resource, key_of, resource_of
-from nicop.operator.states.ofed import DRIVER_LABEL
 
 log = logging.getLogger(__name__)
 

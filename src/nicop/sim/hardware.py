@@ -19,11 +19,12 @@ import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
+from nicop.api.labels import MELLANOX_LABEL, NFD
 from nicop.node.host import Host
 
 MELLANOX_VENDOR = "15b3"
-NFD_PREFIX = "feature.node.kubernetes.io"
-MELLANOX_PRESENT_LABEL = f"{NFD_PREFIX}/pci-{MELLANOX_VENDOR}.present"
+NFD_PREFIX = NFD
+MELLANOX_PRESENT_LABEL = MELLANOX_LABEL
 # On a simulated Node: the profile its hardware is built from.
 PROFILE_ANNOTATION = "nicop.io/hardware-profile"
 

@@ -14,18 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nicop.api.agents import READY_FILE, READY_FILE_ENV, READY_PROBE, own_image
+from nicop.api.labels import (
+    CONFIG_HASH_ANNOTATION,
+    MOFED_WAIT_LABEL,
+)
 from nicop.kube.resources import Obj
 
-STATE_LABEL = "nvidia.network-operator.state"
-OWNER_LABEL = "ds-owner"
-OWNER_VALUE = "NicClusterPolicy"
-REVISION_ANNOTATION = "nvidia.network-operator.revision"
-CONFIG_HASH_ANNOTATION = "nvidia.network-operator.config-hash"
-MOFED_WAIT_LABEL = "network.nvidia.com/operator.mofed.wait"
-MELLANOX_LABEL = "feature.node.kubernetes.io/pci-15b3.present"
-OPT_IN_LABEL = "nvidia.com/network-operator"
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-NFD = "feature.node.kubernetes.io"
 
 
 class RenderError(Exception):

@@ -11,9 +11,18 @@ from __future__ import annotations
 from collections import defaultdict
 
 from nicop.api.agents import uses_nicop
+from nicop.api.labels import (
+    ARCH_LABEL,
+    DRIVER_CONTAINER,
+    DRIVER_LABEL,
+    DRIVER_READY_FILE,
+    KERNEL_LABEL,
+    OS_LABEL,
+    OS_VERSION_LABEL,
+    POOL_LABELS,
+)
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
-    NFD,
     Context,
     RenderError,
     State,
@@ -28,13 +37,6 @@ from nicop.operator.states.base import (
 )
 
 NAME = "ofed-driver"
-DRIVER_LABEL = "nvidia.com/ofed-driver"
-OS_LABEL = f"{NFD}/system-os_release.ID"
-OS_VERSION_LABEL = f"{NFD}/system-os_release.VERSION_ID"
-KERNEL_LABEL = f"{NFD}/kernel-version.full"
-ARCH_LABEL = "kubernetes.io/arch"
-POOL_LABELS = (OS_LABEL, OS_VERSION_LABEL, KERNEL_LABEL)
-READY_FILE = "/run/mellanox/drivers/.driver-ready"
 PROBE_DEFAULTS = {
     "startupProbe": (30, 10, 120, 10),
     "livenessProbe": (10, 30, 1, 10),
@@ -163,7 +165,7 @@ def driver_container(ctx: Context, spec: Obj, path: str, mounts: list[Obj], env:
         upgrade = spec.get("upgradePolicy") or {}
         safe_load = bool(upgrade.get("autoUpgrade") and upgrade.get("safeLoad"))
         return agent_container(
-            ctx, "mofed-container", spec,
+            ctx, DRIVER_CONTAINER, spec,
             ["driver", "run", *(["--safe-load"] if safe_load else [])],
             mounts=mounts, env=env, ready_probe=False,
             startupProbe=probe(spec, "startupProbe", ["nicop", "driver", "probe", "startup"]),
@@ -171,9 +173,9 @@ def driver_container(ctx: Context, spec: Obj, path: str, mounts: list[Obj], env:
             readinessProbe=probe(spec, "readinessProbe",
                                  ["nicop", "driver", "probe", "readiness"]))
     return container(
-        "mofed-container", driver_image(ctx, spec, path, *pool), spec,
+        DRIVER_CONTAINER, driver_image(ctx, spec, path, *pool), spec,
         mounts=mounts, privileged=True, env=env,
-        startupProbe=probe(spec, "startupProbe", ["sh", "-c", f"ls {READY_FILE}"]),
+        startupProbe=probe(spec, "startupProbe", ["sh", "-c", f"ls {DRIVER_READY_FILE}"]),
         livenessProbe=probe(spec, "livenessProbe", ["sh", "-c", "lsmod | grep mlx5_core"]),
         readinessProbe=probe(spec, "readinessProbe", ["sh", "-c", "lsmod | grep mlx5_core"]),
     )

@@ -1,0 +1,58 @@
+"""The rolling driver upgrade as the nodes record it: upstream's upgrade state label and
+annotations (k8s-operator-libs), nicop's additions, and the summary `status.driverUpgrade` and
+`nicop status` show."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nicop.api.nodes import labels_of
+
+Obj = dict[str, Any]
+
+STATE_LABEL = "nvidia.com/ofed-driver-upgrade-state"
+SKIP_LABEL = "nvidia.com/ofed-driver-upgrade.skip"
+DRAIN_SKIP_LABEL = "nvidia.com/ofed-driver-upgrade-drain.skip"
+INITIAL_UNSCHEDULABLE_ANNOTATION = "nvidia.com/ofed-driver-upgrade.node-initial-state.unschedulable"
+WAIT_START_ANNOTATION = "nvidia.com/ofed-driver-upgrade-wait-for-pod-completion-start-time"
+REQUESTED_ANNOTATION = "nvidia.com/ofed-driver-upgrade-requested"
+LEGACY_STATE_ANNOTATION = "nvidia.com/ofed-upgrade-state"
+# nicop's: when a drain started, and why a node failed.
+DRAIN_START_ANNOTATION = "nicop.io/ofed-driver-upgrade-drain-start-time"
+FAILURE_ANNOTATION = "nicop.io/ofed-driver-upgrade-failure"
+
+REQUIRED = "upgrade-required"
+CORDON = "cordon-required"
+WAIT_FOR_JOBS = "wait-for-jobs-required"
+DRAIN = "drain-required"
+POD_RESTART = "pod-restart-required"
+FAILED = "upgrade-failed"
+UNCORDON = "uncordon-required"
+DONE = "upgrade-done"
+IN_PROGRESS = (CORDON, WAIT_FOR_JOBS, DRAIN, POD_RESTART, UNCORDON)
+
+
+def progress(nodes: list[Obj]) -> Obj | None:
+    """The rolling-upgrade summary of status.driverUpgrade, from the nodes' upgrade labels."""
+    counts = {"done": 0, "inProgress": 0, "waiting": 0, "failed": 0}
+    in_progress, failed = [], []
+    for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
+        state = labels_of(node).get(STATE_LABEL)
+        name = node["metadata"]["name"]
+        if state is None:
+            continue
+        if state == DONE:
+            counts["done"] += 1
+        elif state == FAILED:
+            counts["failed"] += 1
+            reason = (node["metadata"].get("annotations") or {}).get(FAILURE_ANNOTATION)
+            failed.append({"name": name, **({"reason": reason} if reason else {})})
+        elif state in IN_PROGRESS:
+            counts["inProgress"] += 1
+            in_progress.append(name)
+        else:
+            counts["waiting"] += 1
+    if not any(counts.values()):
+        return None
+    return {**counts, **({"inProgressNodes": in_progress} if in_progress else {}),
+            **({"failedNodes": failed} if failed else {})}

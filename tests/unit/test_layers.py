@@ -1,0 +1,92 @@
+"""The layers of DESIGN.md hold: each part of the package imports only what is below it, so the
+node agents never load the operator and the readers (`status`, `diagnose`) never load either
+side's internals. Every import counts, also those inside functions."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "nicop"
+SHARED = {"logs"}  # leaves every layer may use
+# layer -> the layers it may import (besides itself and SHARED)
+ALLOWED = {
+    "api": set(),
+    "kube": set(),
+    "node": {"api", "kube"},
+    "cni": {"node", "api", "kube"},
+    "operator": {"api", "kube"},
+    "status": {"api", "kube"},
+    "diagnose": {"api", "kube", "status"},
+    "sim": {"api", "kube", "node", "cni"},
+}
+
+
+def layer_of(module: str) -> str:
+    """nicop.cni.daemon -> cni; nicop.status -> status; nicop -> nicop."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def modules() -> list[tuple[str, Path]]:
+    out = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        name = ".".join(rel.parts).removesuffix(".__init__")
+        out.append((name, path))
+    return out
+
+
+NAMES = {name for name, _ in modules()}
+
+
+def imports_of(path: Path) -> set[str]:
+    """The nicop modules `path` imports, anywhere in it (`from a import b` is module a.b when
+    there is one)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("nicop"))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(
+                "nicop"):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in NAMES else node.module)
+    return found
+
+
+@pytest.mark.parametrize(("name", "path"), modules(), ids=lambda v: str(v))
+def test_imports_point_down(name: str, path: Path) -> None:
+    layer = layer_of(name)
+    if layer not in ALLOWED:
+        return  # cli, demo, __main__ sit on top
+    wrong = sorted(m for m in imports_of(path)
+                   if layer_of(m) not in {layer, *ALLOWED[layer], *SHARED})
+    assert not wrong, f"{name} ({layer}) may import only {sorted(ALLOWED[layer])}: {wrong}"
+
+
+def test_loading_the_cni_daemon_loads_no_operator() -> None:
+    code = ("import sys, nicop.cni.daemon; "
+            "print(sorted(m for m in sys.modules if m.startswith('nicop.operator')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]"
+
+
+def test_the_operator_does_not_import_itself_in_a_circle() -> None:
+    """policy <-> upgrade used to import each other; no operator module may again."""
+    graph = {name: {m for m in imports_of(path) if m.startswith("nicop.operator")}
+             for name, path in modules() if name.startswith("nicop.operator")}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        for nxt in graph.get(start, ()):
+            if nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt})):
+                return True
+        return False
+
+    circles = sorted(n for n in graph if reaches(n, n, {n}))
+    assert not circles, f"import circles through {circles}"
