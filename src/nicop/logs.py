@@ -9,8 +9,13 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
+from typing import Any
 
-# `extra` keys copied onto each line; "object" is printed as "name" (LogRecord owns `name`).
+# Attributes every LogRecord has; anything else was passed with `extra=`.
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+# `extra` keys about the object a line is about; "object" is printed as "name" (LogRecord owns
+# `name`).
 CONTEXT_KEYS = ("kind", "namespace", "object", "controller", "key", "identity", "node")
 
 
@@ -25,17 +30,23 @@ def _context(record: logging.LogRecord) -> dict[str, str]:
 
 
 class JsonFormatter(logging.Formatter):
+    """One object per line: ts (UTC, milliseconds), level, logger, msg, the object's context,
+    any other `extra`, and the traceback as `error`."""
+
     def format(self, record: logging.LogRecord) -> str:
-        line = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+        line: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
         }
         line.update(_context(record))
+        line.update({k: v for k, v in vars(record).items()
+                     if k not in _STANDARD and k not in CONTEXT_KEYS})
         if record.exc_info:
             line["error"] = self.formatException(record.exc_info)
-        return json.dumps(line)
+        return json.dumps(line, default=str)
 
 
 class TextFormatter(logging.Formatter):

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from lightkube.utils.quantity import parse_quantity
 from rich.console import Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
@@ -52,6 +53,7 @@ from nicop.kube.resources import (
 )
 from nicop.kube.resources import NIC_CLUSTER_POLICY as NCP
 from nicop.kube.resources import Resource as Kind
+from nicop.kube.times import parse, stamp
 
 Snapshot = dict[str, Any]
 
@@ -114,7 +116,7 @@ async def collect(client: ApiClient, namespace: str, *, nads: bool = False) -> S
         reads.append(_list(client, NETWORK_ATTACHMENT_DEFINITION, None, errors))
     results = await asyncio.gather(*reads)
     snap: Snapshot = {
-        "collectedAt": _now(),
+        "collectedAt": stamp(),
         "namespace": namespace,
         "lease": lease,
         "nodes": results[0],
@@ -156,19 +158,6 @@ def read_cluster(kubeconfig: str | Path | None,
         raise ClusterReadError(str(e)) from None
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(value: str | None) -> datetime.datetime | None:
-    if not value:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 # ------------------------------------------------------------------ helpers shared with diagnose
 
 def name_of(obj: Obj) -> str:
@@ -185,19 +174,13 @@ def policy_of(snap: Snapshot) -> Obj | None:
 
 
 def quantity(value: Any) -> int:
-    """An extended-resource quantity as a device count (they are whole numbers)."""
-    text = str(value).strip()
-    factors = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "k": 1000, "M": 10**6, "G": 10**9}
-    for suffix, factor in factors.items():
-        if text.endswith(suffix):
-            try:
-                return int(float(text[: -len(suffix)]) * factor)
-            except ValueError:
-                return 0
+    """An extended-resource quantity as a device count (they are whole numbers); 0 when it is
+    not a quantity."""
     try:
-        return int(float(text))
+        parsed = parse_quantity(str(value).strip())
     except ValueError:
         return 0
+    return int(parsed) if parsed is not None else 0
 
 
 def pod_requests(pod: Obj) -> dict[str, int]:
@@ -418,8 +401,8 @@ def leader_of(snap: Snapshot) -> Obj | None:
     if not identity:
         return None
     duration = int(spec.get("leaseDurationSeconds") or 15)
-    renewed = parse_time(spec.get("renewTime") or spec.get("acquireTime"))
-    now = parse_time(snap.get("collectedAt")) or datetime.datetime.now(datetime.UTC)
+    renewed = parse(spec.get("renewTime") or spec.get("acquireTime"))
+    now = parse(snap.get("collectedAt")) or datetime.datetime.now(datetime.UTC)
     age = (now - renewed).total_seconds() if renewed else None
     return {
         "identity": identity,

@@ -55,7 +55,8 @@ ALL = {"kubernetes.io/os": "linux"}
 def five(tmp_path_factory: pytest.TempPathFactory, controlplane_bin: Path
          ) -> Iterator[LocalCluster]:
     with running_cluster(tmp_path_factory.mktemp("sriov-cluster"), controlplane_bin,
-                         nodes=len(NODES), profiles=["cx6dx"]) as cluster:
+                         nodes=len(NODES), profiles=["cx6dx"],
+                         node_agents=False) as cluster:  # the test runs the daemons itself
         client: Client = cluster.client()
         install_crds(client)
         for ns in (OPERATOR_NS, WORK):

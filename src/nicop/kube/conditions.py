@@ -3,14 +3,8 @@ only when the status does."""
 
 from __future__ import annotations
 
-import datetime
-
 from nicop.kube.resources import Obj
-
-
-def now() -> str:
-    """A timestamp as the API writes them (RFC 3339, seconds, UTC)."""
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+from nicop.kube.times import stamp
 
 
 def with_condition(conditions: list[Obj], type_: str, ok: bool, reason: str, message: str,
@@ -24,7 +18,7 @@ def with_condition(conditions: list[Obj], type_: str, ok: bool, reason: str, mes
         return None
     condition: Obj = {"type": type_, "status": status, "reason": reason, "message": message,
                       "lastTransitionTime": old["lastTransitionTime"] if old and old.get(
-                          "status") == status and old.get("lastTransitionTime") else now()}
+                          "status") == status and old.get("lastTransitionTime") else stamp()}
     if generation is not None:
         condition["observedGeneration"] = generation
     return [*(c for c in conditions if c.get("type") != type_), condition]

@@ -6,12 +6,12 @@ Event instead of creating another one, like client-go's event correlator.
 
 from __future__ import annotations
 
-import datetime
 import logging
 import time
 
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.resources import EVENT, Obj
+from nicop.kube.times import stamp
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ class EventRecorder:
         """Record an Event; failures are logged, never raised (events are best effort)."""
         m = obj["metadata"]
         namespace = m.get("namespace") or "default"
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = stamp()
         key = (m.get("uid", ""), type_, reason, message)
         try:
             if key in self._seen:

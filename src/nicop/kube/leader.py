@@ -14,24 +14,13 @@ from typing import Any
 
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.resources import LEASE, Obj
+from nicop.kube.times import micro_stamp, parse, utcnow
 
 log = logging.getLogger(__name__)
 
 
 class LostLeadership(Exception):
     pass
-
-
-def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
-
-
-def _format(t: datetime.datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse(value: str) -> datetime.datetime:
-    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 class LeaderElector:
@@ -95,18 +84,18 @@ class LeaderElector:
         self.is_leader = False
 
     async def _try_acquire_or_renew(self) -> bool:
-        now = _now()
+        now = utcnow()
         lease = await self.client.get_or_none(LEASE, self.name, self.namespace)
         spec: dict[str, Any] = {
             "holderIdentity": self.identity,
             "leaseDurationSeconds": int(self.lease_duration),
-            "renewTime": _format(now),
+            "renewTime": micro_stamp(now),
         }
         if lease is None:
             obj: Obj = {
                 "apiVersion": LEASE.api_version, "kind": LEASE.kind,
                 "metadata": {"name": self.name, "namespace": self.namespace},
-                "spec": {**spec, "acquireTime": _format(now), "leaseTransitions": 0},
+                "spec": {**spec, "acquireTime": micro_stamp(now), "leaseTransitions": 0},
             }
             try:
                 await self.client.create(obj)
@@ -120,13 +109,14 @@ class LeaderElector:
         if holder and holder != self.identity:
             renewed = old.get("renewTime")
             duration = old.get("leaseDurationSeconds", self.lease_duration)
-            if renewed and _parse(renewed) + datetime.timedelta(seconds=duration) > now:
+            renewed_at = parse(renewed)
+            if renewed_at and renewed_at + datetime.timedelta(seconds=duration) > now:
                 return False
         if holder == self.identity:
-            spec["acquireTime"] = old.get("acquireTime", _format(now))
+            spec["acquireTime"] = old.get("acquireTime", micro_stamp(now))
             spec["leaseTransitions"] = old.get("leaseTransitions", 0)
         else:
-            spec["acquireTime"] = _format(now)
+            spec["acquireTime"] = micro_stamp(now)
             spec["leaseTransitions"] = old.get("leaseTransitions", 0) + 1
         lease["spec"] = spec
         try:

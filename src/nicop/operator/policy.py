@@ -7,7 +7,6 @@ the status only when it changed, so a policy at rest costs no writes, also after
 
 from __future__ import annotations
 
-import datetime
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +51,7 @@ from nicop.kube.resources import (
     resource_of,
 )
 from nicop.kube.scheduling import daemon_pod_fits
+from nicop.kube.times import stamp
 from nicop.operator import nodes as node_rules
 from nicop.operator import writes
 from nicop.operator.states import STATES
@@ -72,10 +72,6 @@ class Applied:
     state: str  # ready | notReady | ignore | error
     message: str = ""
     refused: bool = False  # the API server refused a write: the spec is not fully handled
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class PolicyController:
@@ -356,7 +352,7 @@ class PolicyController:
 
 def _condition(type_: str, ok: bool, reason: str, message: str, generation: int) -> Obj:
     return {"type": type_, "status": "True" if ok else "False", "reason": reason,
-            "message": message, "observedGeneration": generation, "lastTransitionTime": now()}
+            "message": message, "observedGeneration": generation, "lastTransitionTime": stamp()}
 
 
 def _comparable(status: Obj) -> Obj:

@@ -38,6 +38,7 @@ from nicop.kube.conditions import with_condition
 from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.resources import CONFIGMAP, NODE, SRIOV_NODE_POLICY, Obj
+from nicop.kube.times import parse, stamp, utcnow
 from nicop.operator.sriov_drain import (
     NODE_STATE,
     OPERATOR_CONFIG,
@@ -401,21 +402,6 @@ def _conflicts(policy: Obj, other: Obj) -> list[tuple[str, str]]:
 
 # ------------------------------------------------------------------------------ the controller
 
-def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
-
-
-def _stamp(t: datetime.datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _parse_stamp(value: str) -> datetime.datetime | None:
-    try:
-        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def stale_delay_from_env() -> float:
     """Seconds a node state of a vanished node is kept (upstream's env var, in minutes)."""
     raw = os.environ.get(STALE_DELAY_ENV)
@@ -587,18 +573,17 @@ class SriovPolicyController:
         """Mark node states of unselected nodes, delete them once their time has come;
         returns the seconds until the next one is due."""
         due: list[float] = []
-        now = _now()
+        now = utcnow()
         for name, state in states.items():
             if name in selected:
                 continue
-            stamp = (state["metadata"].get("annotations") or {}).get(KEEP_UNTIL_ANNOTATION)
-            until = _parse_stamp(stamp) if stamp else None
+            until = parse((state["metadata"].get("annotations") or {}).get(KEEP_UNTIL_ANNOTATION))
             if until is None and self.stale_delay > 0:
                 until = now + datetime.timedelta(seconds=self.stale_delay)
                 await self._patch_state(name, {"metadata": {"annotations": {
-                    KEEP_UNTIL_ANNOTATION: _stamp(until)}}})
+                    KEEP_UNTIL_ANNOTATION: stamp(until)}}})
                 log.info("node is gone or no longer selected; keeping its node state until %s",
-                         _stamp(until), extra=logs.about(NODE_STATE.kind, name, self.namespace))
+                         stamp(until), extra=logs.about(NODE_STATE.kind, name, self.namespace))
             if until is not None and until > now:
                 due.append((until - now).total_seconds() + 0.5)
                 continue

@@ -17,7 +17,6 @@ it does) or a field is invalid (the message names it).
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from nicop import logs
 from nicop.api.labels import REVISION_ANNOTATION
 from nicop.kube.client import ApiClient, ApiError
+from nicop.kube.conditions import with_condition
 from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.resources import NAMESPACE, SRIOV_IB_NETWORK, SRIOV_NETWORK, Obj, Resource
@@ -152,10 +152,6 @@ def render_nad(kind: SriovKind, cr: Obj, operator_namespace: str,
                 "spec": {"config": json.dumps(cni_config(kind, cr), indent=4)}}
     metadata["annotations"][REVISION_ANNOTATION] = content_hash(nad)
     return nad
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class SriovNetworkController:
@@ -286,20 +282,12 @@ class SriovNetworkController:
 
     async def _condition(self, kind: SriovKind, cr: Obj, status: str, reason: str,
                          message: str) -> None:
-        conditions = (cr.get("status") or {}).get("conditions") or []
-        old = next((c for c in conditions if c.get("type") == READY), None)
-        if old and (old.get("status"), old.get("reason"), old.get("message")) == (
-                status, reason, message):
+        conditions = with_condition((cr.get("status") or {}).get("conditions") or [], READY,
+                                    status == "True", reason, message,
+                                    cr["metadata"].get("generation"))
+        if conditions is None:
             return
-        condition: Obj = {
-            "type": READY, "status": status, "reason": reason, "message": message,
-            "lastTransitionTime": old["lastTransitionTime"]
-            if old and old.get("status") == status else _now(),
-        }
-        if cr["metadata"].get("generation") is not None:
-            condition["observedGeneration"] = cr["metadata"]["generation"]
-        others = [c for c in conditions if c.get("type") != READY]
-        await self._patch(kind, cr, {"status": {"conditions": [*others, condition]}},
+        await self._patch(kind, cr, {"status": {"conditions": conditions}},
                           subresource="status")
         if status == "False":
             m = cr["metadata"]

@@ -11,7 +11,6 @@ the labels say it was. New nodes start only while both `maxParallelUpgrades` and
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 import math
 from collections.abc import Mapping
@@ -47,6 +46,7 @@ from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.resources import CONTROLLER_REVISION, NODE, POD, Obj
 from nicop.kube.resources import NIC_CLUSTER_POLICY as NCP
+from nicop.kube.times import parse, stamp, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -58,19 +58,9 @@ ACTIVE_RECHECK = 1.0
 STEP_CONCURRENCY = 32
 
 
-def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
-
-
-def _stamp(t: datetime.datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _elapsed(stamp: str | None) -> float:
-    if not stamp:
-        return 0.0
-    started = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    return (_now() - started).total_seconds()
+def _elapsed(since: str | None) -> float:
+    started = parse(since)
+    return (utcnow() - started).total_seconds() if started else 0.0
 
 
 def max_unavailable(value: Any, total: int) -> int:
@@ -302,7 +292,7 @@ class UpgradeController:
             started = view.annotations.get(WAIT_START_ANNOTATION)
             if running and not (timeout and _elapsed(started) >= timeout):
                 if not started:
-                    await self._patch(view, annotations={WAIT_START_ANNOTATION: _stamp(_now())})
+                    await self._patch(view, annotations={WAIT_START_ANNOTATION: stamp()})
                     return True
                 return False
         return await self._set(view, DRAIN, annotations={WAIT_START_ANNOTATION: None})
@@ -312,7 +302,7 @@ class UpgradeController:
             return await self._set(view, POD_RESTART)
         started = view.annotations.get(DRAIN_START_ANNOTATION)
         if not started:
-            await self._patch(view, annotations={DRAIN_START_ANNOTATION: _stamp(_now())})
+            await self._patch(view, annotations={DRAIN_START_ANNOTATION: stamp()})
         selector = plan.drain.get("podSelector") or ""
         blocked: list[str] = []
         remaining = []

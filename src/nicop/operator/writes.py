@@ -23,8 +23,8 @@ import httpx2 as httpx
 
 from nicop.api.labels import DRIVER_LABEL
 from nicop.kube.client import ApiClient, ApiError
-from nicop.kube.conditions import now
 from nicop.kube.resources import DAEMONSET, DEPLOYMENT, Obj, Resource, key_of, resource_of
+from nicop.kube.times import stamp as now
 
 log = logging.getLogger(__name__)
 

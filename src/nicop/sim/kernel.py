@@ -196,9 +196,6 @@ class SimulatedKernel:
         """A process opens a device of `name` (a pod using /dev/infiniband/uverbs0): refcnt up."""
         self._set_users(name, self._users(name) + count)
 
-    def unhold(self, name: str, count: int = 1) -> None:
-        self._set_users(name, max(0, self._users(name) - count))
-
     def _set_users(self, name: str, users: int) -> None:
         if not self.is_loaded(name):
             raise FileNotFoundError(errno.ENOENT, f"module {name} is not loaded")

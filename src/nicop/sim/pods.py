@@ -45,10 +45,10 @@ import yaml
 
 from nicop.api.agents import is_nicop_image
 from nicop.kube.client import ApiClient, ApiError
-from nicop.kube.conditions import now
 from nicop.kube.events import EventRecorder
 from nicop.kube.informer import Informer
 from nicop.kube.resources import CONFIGMAP, POD, SECRET, Obj, Resource
+from nicop.kube.times import stamp as now
 from nicop.node.host import MOUNTS_ENV, Mounts
 
 log = logging.getLogger(__name__)
