@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from lightkube import Client
@@ -20,6 +21,14 @@ def stand_ins(cluster: LocalCluster) -> dict[int, str]:
     """PID -> node of the cluster's node stand-ins."""
     return {proc.pid: proc.name.split("/")[0] for proc in cluster.state().processes.values()
             if proc.name.endswith("/sim-node")}
+
+
+def volume_dir(cluster: LocalCluster, pod: Pod, volume: str) -> Path:
+    """Where a node stand-in keeps a configMap/emptyDir volume of `pod` (what its containers
+    mount)."""
+    m = pod.metadata
+    return (cluster.state_dir / "p" / pod.spec.nodeName / f"{m.namespace}_{m.name}_{m.uid[:8]}"
+            / "volumes" / volume)
 
 
 def allocatable(client: Client, node: str, resource: str) -> int:

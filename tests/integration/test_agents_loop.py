@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from lightkube.generic_resource import create_global_resource
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import DaemonSet
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Event, Node, Pod
 from tests.integration.agent_loop import (
     agents,
     allocatable,
@@ -27,6 +28,7 @@ from tests.integration.agent_loop import (
     pods,
     ready,
     stand_ins,
+    volume_dir,
 )
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
 
@@ -191,6 +193,62 @@ def test_an_agent_that_cannot_start_crash_loops_and_diagnose_names_it(
         apply_policy(client, POLICY)
     wait_for(lambda: policy_state(client) == "ready", timeout=120,
              what="the policy to recover with the good config")
+
+
+@pytest.mark.parametrize(("app", "command", "wrong_type"), [
+    ("rdma-shared-dp", "rdma-device-plugin", '{"configList": "rdma"}'),
+    ("sriovdp", "sriov-device-plugin", '{"resourceList": {"resourceName": "ib_vf"}}'),
+])
+def test_a_config_file_the_agent_cannot_use_is_reported_on_its_pod_and_the_last_good_serves(
+        client: Client, cluster: LocalCluster, running: None, app: str, command: str,
+        wrong_type: str) -> None:
+    """The plugin's config file, as its pod sees it, truncated, of the wrong type and unreadable
+    (a directory in its place), then fixed: the same process keeps serving what it served, each
+    problem is a Warning Event on its pod, and the fixed file a Normal one."""
+    (pod,) = [p for p in pods(client, NAMESPACE, {"app": app}) if p.spec.nodeName == IB_NODE]
+    name = pod.metadata.name
+    restarts = pod.status.containerStatuses[0].restartCount
+    (agent,) = [a for a in agents(cluster, IB_NODE) if a.command == command]
+    node = client.get(Node, IB_NODE)
+    served = {k: v for k, v in (node.status.allocatable or {}).items() if k.startswith("nvidia")}
+    config = volume_dir(cluster, pod, "config") / "config.json"
+    good = config.read_text()
+
+    def replace(content: str | None) -> None:
+        """A new file renamed over the old, as a ConfigMap volume changes; None: a directory."""
+        tmp = config.with_name(".new")
+        if config.is_dir():
+            shutil.rmtree(config)
+        if content is None:
+            config.unlink()
+            tmp.mkdir()
+        else:
+            tmp.write_text(content)
+        os.replace(tmp, config)
+
+    def reported(reason: str, says: str) -> bool:
+        return any(e.reason == reason and says in (e.message or "")
+                   for e in client.list(Event, namespace=NAMESPACE,
+                                        fields={"involvedObject.name": name}))
+
+    try:
+        for content, says in ((good[:len(good) // 2], "not valid JSON"),
+                              (wrong_type, "input should be a valid list"),
+                              (None, "Is a directory")):
+            replace(content)
+            wait_for(lambda says=says: reported("ConfigInvalid", says), timeout=30,
+                     what=f"a ConfigInvalid Event on {name} saying {says!r}")
+            assert [a.pid for a in agents(cluster, IB_NODE) if a.command == command] == \
+                [agent.pid]
+            now = client.get(Node, IB_NODE).status.allocatable or {}
+            assert {k: now.get(k) for k in served} == served
+    finally:
+        replace(good)
+    wait_for(lambda: reported("ConfigLoaded", "is valid again"), timeout=30,
+             what=f"a ConfigLoaded Event on {name}")
+    now = client.get(Pod, name, namespace=NAMESPACE)
+    assert now.status.containerStatuses[0].restartCount == restarts
+    assert ready(now)
 
 
 def test_deleting_the_policy_removes_its_daemonsets_pods_and_processes(

@@ -53,7 +53,8 @@ APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
 # The ClusterRoles (and their bindings, of the same names) the operator's states render: the
 # only cluster-scoped RBAC objects the chart lets the operator write.
 COMPONENT_RBAC = ("multus", "ofed-driver", "ib-kubernetes", "nv-ipam-controller", "nv-ipam-node",
-                  "sriov-network-config-daemon", "nicop-cni-daemon")
+                  "sriov-network-config-daemon", "nicop-cni-daemon", "rdma-shared-dp-ds",
+                  "network-operator-sriov-device-plugin", "sriov-device-plugin")
 
 
 # ------------------------------------------------------------------ helm
@@ -513,7 +514,8 @@ def full_policy() -> Doc:
 
 def rendered_by_states(namespace: str, nodes: list[Doc]) -> list[Doc]:
     """Every object the operator renders for its components: the states of the full policy on
-    these nodes, the SR-IOV daemons and the CNI daemon."""
+    these nodes, with upstream's images and with nicop's agents, the SR-IOV daemons and the CNI
+    daemon."""
     policy = full_policy()
     ctx = Context(policy, namespace, managed_nodes=[n for n in nodes if node_rules.is_managed(n)])
     missing = [s.name for s in STATES if s.section_of(policy) is None]
@@ -524,6 +526,8 @@ def rendered_by_states(namespace: str, nodes: list[Doc]) -> list[Doc]:
         section = state.section_of(policy)
         assert section is not None
         objects += state.render(ctx, section, state.path)
+        objects += [o for o in state.render(ctx, {**section, "image": "nicop"}, state.path)
+                    if o not in objects]
     config = sriov_daemons.default_config(namespace, single_node=False)
     objects += sriov_daemons.render_config_daemon(ctx, config)
     objects += sriov_daemons.render_device_plugin(ctx, config)

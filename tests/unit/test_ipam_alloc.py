@@ -167,3 +167,29 @@ def test_kube_pools_explain_a_missing_pool_or_block() -> None:
     pools._handler("ippool")("MODIFIED", ippool(
         [{"nodeName": "node-1", "startIP": "192.168.0.1", "endIP": "192.168.0.100"}]), None)
     assert str(pools.lookup("ippool", "pool1").end) == "192.168.0.100"
+
+
+@pytest.mark.parametrize(("broken", "says"), [
+    ('{"v4": {"subnet": "10.0.', "Unterminated string"),
+    ('{"v4": {"subnet": "not-a-subnet"}}', "does not appear to be an IPv4 or IPv6 network"),
+    ('["v4"]', "has no attribute 'items'"),
+    (None, "pools file"),
+])
+def test_a_broken_pools_file_is_logged_and_the_last_good_pools_serve(
+        ipam: Ipam, tmp_path: Path, caplog: pytest.LogCaptureFixture, broken: str | None,
+        says: str) -> None:
+    """Truncated, of the wrong type, or gone: addresses still come from the last good pools,
+    the log says why the file was not taken, and a fixed file is taken again."""
+    path = tmp_path / "pools.json"
+    assert addresses(ipam, "a") == ["10.0.0.2/24"]
+    if broken is None:
+        path.unlink()
+    else:
+        path.write_text(broken)
+    assert addresses(ipam, "b") == ["10.0.0.5/24"]
+    assert any(says in r.getMessage() and "keeping the last good pools ['tiny', 'v4', 'v6']"
+               in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+    path.write_text(json.dumps({"v4": {"subnet": "10.0.0.0/24", "startIP": "10.0.0.20"}}))
+    assert addresses(ipam, "c", pool="v4") == ["10.0.0.20/24"]
+    with pytest.raises(CniError, match="unknown ippool 'tiny'"):
+        addresses(ipam, "d", pool="tiny")

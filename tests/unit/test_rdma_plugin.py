@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -20,6 +21,7 @@ from nicop.cli import app
 from nicop.node.deviceplugin.config import ConfigError
 from nicop.node.deviceplugin.rdma import RdmaAgent, load_config
 from nicop.node.deviceplugin.server import DEVICE_PLUGIN_PATH
+from nicop.node.report import Reporter
 from nicop.sim.hardware import SimulatedHost
 from nicop.sim.kubelet import Kubelet
 
@@ -250,5 +252,75 @@ def test_a_node_without_nics_registers_an_empty_resource(root: Path) -> None:
                                    is not None and kubelet.resources[
                                        "rdma/hca_shared_devices_a"].connected)
             assert kubelet.capacity() == {"rdma/hca_shared_devices_a": 0}
+
+    asyncio.run(main())
+
+
+class Recorded(Reporter):
+    """What the agent reports, kept in order (a pod's Events, without an API server)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reports: list[tuple[str, str]] = []
+
+    async def warn(self, reason: str, message: str) -> None:
+        self.reports.append((reason, message))
+
+    async def info(self, reason: str, message: str) -> None:
+        self.reports.append((reason, message))
+
+    async def wait_for(self, reason: str, says: str) -> None:
+        async with asyncio.timeout(10):
+            while not any(r == reason and says in m for r, m in self.reports):
+                await asyncio.sleep(0.05)
+
+
+def replace(path: Path, text: str) -> None:
+    """As a ConfigMap volume changes: a new file renamed over the old."""
+    tmp = path.with_name(".new")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def test_a_changed_config_is_taken_and_a_broken_one_reported_while_the_last_good_serves(
+        root: Path) -> None:
+    host = SimulatedHost.build(root, "cx6dx")
+    sockdir = host.path(DEVICE_PLUGIN_PATH)
+    first = {"configList": [{"resourceName": "a", "rdmaHcaMax": 10,
+                             "selectors": {"vendors": ["15b3"]}}]}
+    path = write_config(root, first)
+    reporter = Recorded()
+
+    async def main() -> None:
+        kubelet = Kubelet(sockdir)
+        await kubelet.start()
+        stop = asyncio.Event()
+        agent = RdmaAgent(load_config(path), host, sockdir, 0.1, config_path=path,
+                          reporter=reporter)
+        task = asyncio.create_task(agent.run(stop))
+        try:
+            await kubelet.wait_for(lambda: kubelet.allocatable() == {"rdma/a": 10})
+            for broken, says in (('{"configList": [', "not valid JSON"),
+                                 ('{"configList": "a"}', "configList: input should be a valid "
+                                                         "list"),
+                                 (None, "cannot read config file")):
+                if broken is None:
+                    path.unlink()
+                else:
+                    replace(path, broken)
+                await reporter.wait_for("ConfigInvalid", says)
+                assert kubelet.allocatable() == {"rdma/a": 10}
+            second = {"configList": [
+                *first["configList"],
+                {"resourceName": "b", "rdmaHcaMax": 3, "selectors": {"vendors": ["15b3"]}}]}
+            replace(path, json.dumps(second))
+            await kubelet.wait_for(lambda: kubelet.allocatable() == {"rdma/a": 10, "rdma/b": 3})
+            assert reporter.reports[-1][0] == "ConfigLoaded"
+            assert [r for r, _ in reporter.reports] == ["ConfigInvalid"] * 3 + ["ConfigLoaded"]
+            assert not task.done()
+        finally:
+            stop.set()
+            await task
+            await kubelet.close()
 
     asyncio.run(main())

@@ -27,6 +27,10 @@ READY_FILE_ENV = "NICOP_READY_FILE"
 READY_FILE = "/run/nicop-agent/ready"
 READY_PROBE = ["nicop", "probe-ready"]
 
+# Who the agent is (the downward API), so it can record Events on its own pod.
+POD_ENV = {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace",
+           "POD_UID": "metadata.uid"}
+
 
 def is_nicop_image(ref: str) -> bool:
     return bool(_NICOP_REF.match(ref))

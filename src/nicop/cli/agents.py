@@ -73,6 +73,7 @@ def rdma_device_plugin(
     from nicop.node.deviceplugin.config import ConfigError
     from nicop.node.deviceplugin.rdma import RdmaAgent, load_config
     from nicop.node.host import Host
+    from nicop.node.report import Reporter
 
     real = in_container(config_file)
     try:
@@ -80,7 +81,8 @@ def rdma_device_plugin(
     except ConfigError as e:  # named as the container sees it
         raise fail_plain(str(e).replace(str(real), str(config_file))) from None
     host = Host.in_container(host_root)
-    agent = RdmaAgent(config, host, host.path(device_plugin_dir), poll_interval)
+    agent = RdmaAgent(config, host, host.path(device_plugin_dir), poll_interval,
+                      config_path=real, reporter=Reporter.from_env())
     run_agent(agent.run, log_format, _level(log_level))
 
 
@@ -104,6 +106,7 @@ def sriov_device_plugin(
     from nicop.node.deviceplugin.config import ConfigError
     from nicop.node.deviceplugin.sriov import SriovAgent
     from nicop.node.host import Host
+    from nicop.node.report import Reporter
 
     host = Host.in_container(host_root)
     real = in_container(config_file)
@@ -114,6 +117,7 @@ def sriov_device_plugin(
             host.path(device_plugin_dir),
             default_prefix=resource_prefix,
             poll_interval=poll_interval,
+            reporter=Reporter.from_env(),
         )
     except ConfigError as e:  # named as the container sees it
         raise fail_plain(str(e).replace(str(real), str(config_file))) from None

@@ -156,22 +156,31 @@ class PoolSource(Protocol):
 
 
 class FilePools:
-    """Pools from a JSON file, reread when it changes (nodes without a cluster, tests)."""
+    """Pools from a JSON file, reread when it changes (nodes without a cluster, tests). A file
+    that goes, or cannot be read or used, is logged and the last good pools stay."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._mtime = -1.0
+        self._seen: tuple[int, int, int] | None = None
         self._pools: dict[str, PoolConfig] = {}
         self._lock = threading.Lock()
 
     def _reload(self) -> None:
         try:
-            mtime = os.stat(self.path).st_mtime
-        except FileNotFoundError:
-            self._pools, self._mtime = {}, -1.0
+            st = os.stat(self.path)
+            seen: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            seen = None
+        if seen == self._seen:
             return
-        if mtime == self._mtime:
-            return
+        self._seen = seen
+        try:
+            self._pools = self._read()
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            log.error("pools file %s cannot be used, keeping the last good pools %s: %s",
+                      self.path, sorted(self._pools), e)
+
+    def _read(self) -> dict[str, PoolConfig]:
         data = json.loads(self.path.read_text())
         pools = {}
         for name, p in data.items():
@@ -187,7 +196,7 @@ class FilePools:
                 routes=tuple(r["dst"] for r in p.get("routes") or []),
                 default_gateway=bool(p.get("defaultGateway")),
             )
-        self._pools, self._mtime = pools, mtime
+        return pools
 
     def lookup(self, kind: str, name: str) -> PoolConfig:
         with self._lock:

@@ -41,6 +41,7 @@ from nicop.operator.sriov_drain import (
     resource_prefix,
 )
 from nicop.operator.states.base import (
+    EVENTS_RULE,
     Context,
     agent_container,
     cluster_rbac,
@@ -122,7 +123,8 @@ def render_device_plugin(ctx: Context, config: Obj) -> list[Obj]:
                    tolerations=TOLERATE_ALL)
     ds["spec"]["template"]["spec"]["nodeSelector"] = {**node_selector(config),
                                                       DEVICE_PLUGIN_LABEL: "Enabled"}
-    return [service_account(ctx, DEVICE_PLUGIN), ds]
+    return [service_account(ctx, DEVICE_PLUGIN), *cluster_rbac(ctx, DEVICE_PLUGIN, [EVENTS_RULE]),
+            ds]
 
 
 def settled(state: Obj) -> bool:

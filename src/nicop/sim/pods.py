@@ -818,7 +818,9 @@ def _write_files(target: Path, data: dict[str, str], items: list[Obj] | None) ->
             continue
         path = target / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists() and path.read_text(errors="replace") == data[key]:
+        if path.is_dir() and not path.is_symlink():  # what the key's file was replaced with
+            shutil.rmtree(path)
+        elif path.is_file() and path.read_text(errors="replace") == data[key]:
             continue
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(data[key])

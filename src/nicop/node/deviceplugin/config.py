@@ -29,6 +29,8 @@ def read_json(path: Path) -> Any:
         text = path.read_text()
     except OSError as e:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:

@@ -32,6 +32,7 @@ from nicop.node.deviceplugin.server import (
 )
 from nicop.node.discovery import Inventory, PciFunction, scan
 from nicop.node.host import Host
+from nicop.node.report import Reporter, WatchedFile
 
 log = logging.getLogger(__name__)
 
@@ -228,26 +229,73 @@ class RdmaAgent:
     """The agent process: one server per pool, health checked every poll interval."""
 
     def __init__(
-        self, config: Config, host: Host, socket_dir: Path, poll_interval: float = 0.5
+        self, config: Config, host: Host, socket_dir: Path, poll_interval: float = 0.5, *,
+        config_path: Path | None = None, reporter: Reporter | None = None,
     ) -> None:
+        """With `config_path`, the file is read again when it changes: a valid one replaces the
+        running config, an invalid or unreadable one is reported and the running one kept."""
         self.host = host
         self.config = config
         self.socket_dir = socket_dir
         self.poll_interval = poll_interval
         self.pools = [Pool(c) for c in config.config_list]
         self.servers = ServerSet()
+        self.reporter = reporter or Reporter()
+        self._watched = WatchedFile(config_path) if config_path else None
+        if self._watched:
+            self._watched.changed()  # what was loaded
+        self._bad: str | None = None
         self._next_refresh = 0.0
 
     async def run(self, stop: asyncio.Event) -> None:
         for pool in self.pools:
-            self.servers.start(DevicePluginServer(
-                pool.resource_name, self.socket_dir, pool.socket_name, pool.allocate,
-                poll_interval=self.poll_interval,
-            ))
-        await run_agent(self.servers, self.tick, self.poll_interval, stop)
+            self._serve(pool)
+        try:
+            await run_agent(self.servers, self.tick, self.poll_interval, stop)
+        finally:
+            await self.reporter.close()
+
+    def _serve(self, pool: Pool) -> None:
+        self.servers.start(DevicePluginServer(
+            pool.resource_name, self.socket_dir, pool.socket_name, pool.allocate,
+            poll_interval=self.poll_interval,
+        ))
+
+    async def reload(self) -> None:
+        """Take a changed config file: pools added, changed or removed; servers with it."""
+        assert self._watched is not None
+        try:
+            config = load_config(self._watched.path)
+        except ConfigError as e:
+            if self._bad != str(e):
+                self._bad = str(e)
+                await self.reporter.warn("ConfigInvalid", f"{e}; still serving the last good "
+                                         "config")
+            return
+        if self._bad is not None:
+            self._bad = None
+            await self.reporter.info("ConfigLoaded", f"{self._watched.path} is valid again")
+        if config == self.config:
+            return
+        log.info("config %s changed: resources %s", self._watched.path,
+                 ", ".join(c.full_name for c in config.config_list))
+        old = {p.resource_name: p for p in self.pools}
+        self.config = config
+        self.pools = [Pool(c) for c in config.config_list]
+        for name in old.keys() - {p.resource_name for p in self.pools}:
+            await self.servers.stop(name)
+        for pool in self.pools:
+            server = self.servers.servers.get(pool.resource_name)
+            if server is None:
+                self._serve(pool)
+            else:
+                server.allocate = pool.allocate
+        self._next_refresh = 0.0  # find the new pools' NICs now
 
     async def tick(self) -> None:
         """Health of the pools' NICs every tick; which NICs they hold every update interval."""
+        if self._watched is not None and self._watched.changed():
+            await self.reload()
         now = asyncio.get_running_loop().time()
         if now >= self._next_refresh:
             inv = scan(self.host)

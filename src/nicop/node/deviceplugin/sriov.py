@@ -50,6 +50,7 @@ from nicop.node.discovery import (
     scan,
 )
 from nicop.node.host import Host
+from nicop.node.report import Reporter
 
 log = logging.getLogger(__name__)
 
@@ -486,6 +487,7 @@ class SriovAgent:
     def __init__(
         self, config_path: Path, host: Host, socket_dir: Path, *,
         default_prefix: str = DEFAULT_PREFIX, poll_interval: float = 0.5,
+        reporter: Reporter | None = None,
     ) -> None:
         self.config_path = config_path
         self.host = host
@@ -494,29 +496,33 @@ class SriovAgent:
         self.poll_interval = poll_interval
         self.servers = ServerSet()
         self.pools: list[Pool] = []
+        self.reporter = reporter or Reporter()
         self._config_text: str | None = None
+        self._bad: str | None = None
         self.load()
 
-    def load(self) -> bool:
-        """(Re)read the config file if it changed. Raises ConfigError on the first load only."""
+    def load(self) -> str | None:
+        """(Re)read the config file if it changed. Raises ConfigError on the first load only;
+        later, a file that cannot be read or is invalid is returned as the problem (the running
+        config stays)."""
+        first = not self.pools and self._config_text is None and self._bad is None
         try:
             text = self.config_path.read_text()
         except OSError as e:
-            if self._config_text is None:
-                raise ConfigError(f"cannot read config file {self.config_path}: "
-                                  f"{e.strerror}") from None
-            return False
+            problem = f"cannot read config file {self.config_path}: {e.strerror}"
+            if first:
+                raise ConfigError(problem) from None
+            self._config_text = None  # whatever comes back is read again
+            return problem
         if text == self._config_text:
-            return False
-        first = self._config_text is None
+            return self._bad
         self._config_text = text
         try:
             resources = load_config(self.config_path, self.default_prefix)
         except ConfigError as e:
             if first:
                 raise
-            log.error("config changed but is invalid, keeping the running one: %s", e)
-            return False
+            return str(e)
         if not first:
             log.info("config %s changed: resources %s", self.config_path,
                      ", ".join(r.name for r in resources))
@@ -525,7 +531,7 @@ class SriovAgent:
         for pool in self.pools:
             if pool.resource.name in old:
                 pool.devices = old[pool.resource.name].devices
-        return True
+        return None
 
     async def run(self, stop: asyncio.Event) -> None:
         try:
@@ -533,9 +539,17 @@ class SriovAgent:
         finally:
             for pool in self.pools:
                 pool.remove_device_info()
+            await self.reporter.close()
 
     async def tick(self) -> None:
-        self.load()
+        problem = self.load()
+        if problem != self._bad:
+            if problem is not None:
+                await self.reporter.warn("ConfigInvalid", f"{problem}; still serving the last "
+                                         "good config")
+            else:
+                await self.reporter.info("ConfigLoaded", f"{self.config_path} is valid again")
+            self._bad = problem
         inv = scan(self.host)
         found: dict[str, list[Candidate]] = {t: candidates(inv, t) for t in DEVICE_TYPES}
         taken: set[str] = set()

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nicop.api.agents import READY_FILE, READY_FILE_ENV, READY_PROBE, own_image
+from nicop.api.agents import POD_ENV, READY_FILE, READY_FILE_ENV, READY_PROBE, own_image
 from nicop.api.labels import (
     CONFIG_HASH_ANNOTATION,
     MOFED_WAIT_LABEL,
@@ -124,6 +124,10 @@ def service_account(ctx: Context, name: str) -> Obj:
     return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(ctx, name)}
 
 
+# Agents record what they cannot fix as Events on their own pod (nicop.node.report).
+EVENTS_RULE: Obj = {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}
+
+
 def cluster_rbac(ctx: Context, name: str, rules: list[Obj]) -> list[Obj]:
     """ClusterRole `name` with `rules`, bound to the ServiceAccount `name`."""
     group = "rbac.authorization.k8s.io"
@@ -194,10 +198,13 @@ def agent_container(
 ) -> Obj:
     """A privileged container running `nicop <command>` from the operator's own image.
 
-    Its readiness probe asks the agent (`nicop probe-ready`), and a crash shows the end of its
-    log in the container's last state (FallbackToLogsOnError).
+    Its readiness probe asks the agent (`nicop probe-ready`), a crash shows the end of its log
+    in the container's last state (FallbackToLogsOnError), and it knows its pod (POD_ENV).
     """
     env = list(env or [])
+    given = {e["name"] for e in env}
+    env += [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}}
+            for k, v in POD_ENV.items() if k not in given]
     if ready_probe:
         env.insert(0, {"name": READY_FILE_ENV, "value": READY_FILE})
         extra.setdefault("readinessProbe", {

@@ -6,14 +6,17 @@ from nicop.api.agents import uses_nicop
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
     AFTER_DRIVER,
+    EVENTS_RULE,
     Context,
     agent_container,
+    cluster_rbac,
     config_map,
     container,
     daemonset,
     host_path,
     image,
     json_config,
+    service_account,
 )
 
 
@@ -33,7 +36,8 @@ def device_plugin(
 ) -> list[Obj]:
     """The plugin's ConfigMap (from the section's JSON `config`) and its DaemonSet, which starts
     only where the driver is ready and rolls when the config changes. With `image: nicop` the
-    container runs nicop's `agent` command, on the same mounts and config file."""
+    container runs nicop's `agent` command, on the same mounts and config file, as a
+    ServiceAccount `name` that may record Events (a config file it cannot use)."""
     config = json_config(spec, path)
     objects = []
     volumes, mounts = [], []
@@ -48,13 +52,17 @@ def device_plugin(
         mounts.append({"name": "config", "mountPath": config_dir})
     if spec.get("useCdi"):
         args = [*args, "--use-cdi"]
+    account = None
     if uses_nicop(spec):
         plugin = agent_container(ctx, container_name, spec, [agent], mounts=mounts)
+        account = name
+        objects += [service_account(ctx, name), *cluster_rbac(ctx, name, [EVENTS_RULE])]
     else:
         plugin = container(container_name, image(ctx, spec, path), spec, mounts=mounts,
                            privileged=True, args=args)
     objects.append(daemonset(
         ctx, name, spec, [plugin],
         app=app, node_selector=AFTER_DRIVER, volumes=volumes, config=config,
+        service_account_name=account,
     ))
     return objects
