@@ -39,7 +39,7 @@ from nicop.api.labels import (
     POLICY_NAME,
     STATE_LABEL,
 )
-from nicop.kube.client import ApiClient, ApiError
+from nicop.kube.client import ApiClient, ApiError, Unreachable
 from nicop.kube.resources import (
     CIDRPOOL,
     DAEMONSET,
@@ -99,6 +99,8 @@ async def collect(client: ApiClient, namespace: str, *, nads: bool = False) -> S
     lease: Obj | None
     try:
         lease = await client.get_or_none(LEASE, LEASE_NAME, namespace)
+    except Unreachable:
+        raise  # nothing else will answer either
     except ApiError as e:
         errors.append(f"cannot read Lease {namespace}/{LEASE_NAME}: {e.code} {e.reason}")
         lease = None
@@ -140,7 +142,6 @@ class ClusterReadError(Exception):
 def read_cluster(kubeconfig: str | Path | None,
                  collect: Callable[[ApiClient], Awaitable[Snapshot]]) -> Snapshot:
     """Run an async `collect(client)` with a client of the cluster (for the CLI)."""
-    import httpx2
     from lightkube.core.exceptions import ConfigError
 
     async def main() -> Snapshot:
@@ -152,8 +153,6 @@ def read_cluster(kubeconfig: str | Path | None,
 
     try:
         return asyncio.run(main())
-    except httpx2.TransportError as e:
-        raise ClusterReadError(f"cannot reach the API server: {e}") from None
     except (ConfigError, ApiError, OSError) as e:
         raise ClusterReadError(str(e)) from None
 

@@ -36,16 +36,19 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 60, what: str = "con
 
 
 class OperatorProcess:
-    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
+    def __init__(self, kubeconfig: Path, namespace: str, log: Path,
+                 lease_duration: float = 4) -> None:
         self.kubeconfig = kubeconfig
         self.namespace = namespace
+        self.lease_duration = lease_duration
         self.port = free_port()
         self.log = log
         env = {**os.environ, "POD_NAMESPACE": namespace}
         self._log_file = open(log, "ab")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nicop", "operator", "--kubeconfig", str(kubeconfig),
-             "--health-port", str(self.port), "--lease-duration", "4", "--log-format", "json"],
+             "--health-port", str(self.port), "--lease-duration", str(lease_duration),
+             "--log-format", "json"],
             env=env, stdout=self._log_file, stderr=subprocess.STDOUT,
         )
 
@@ -95,5 +98,6 @@ class OperatorProcess:
     def restart(self) -> None:
         """Stop (if running) and start again with the same settings."""
         self.stop()
-        self.__init__(self.kubeconfig, self.namespace, self.log)  # type: ignore[misc]
+        self.__init__(self.kubeconfig, self.namespace, self.log,  # type: ignore[misc]
+                      self.lease_duration)
         self.wait_ready()

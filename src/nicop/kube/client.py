@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,6 +44,18 @@ class ApiError(Exception):
         self.code = code
         self.reason = reason
         self.message = message
+
+
+class Unreachable(ApiError):
+    """No answer at all: the API server is down, restarting or cut off. Handled as an API
+    error (the request failed; retry later), so one `except ApiError` covers outages too."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(503, "Unreachable",
+                         f"cannot reach the API server: {error or type(error).__name__}")
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def load_config(kubeconfig: str | Path | None = None) -> Any:
@@ -93,8 +105,11 @@ class ApiClient:
         headers = {"Accept": accept}
         if content is not None:
             headers["Content-Type"] = content_type
-        resp = await self._http.request(method, path, params=params, content=content,
-                                        headers=headers)
+        try:
+            resp = await self._http.request(method, path, params=params, content=content,
+                                            headers=headers)
+        except httpx.TransportError as e:
+            raise Unreachable(e) from None
         if resp.status_code >= 400:
             raise _error(resp.status_code, resp.content)
         return resp.json() if resp.content else {}
@@ -151,8 +166,10 @@ class ApiClient:
         field_selector: str | None = None,
         metadata_only: bool = False,
         timeout_seconds: int = 300,
+        on_open: Callable[[], None] | None = None,
     ) -> AsyncIterator[tuple[str, Obj]]:
-        """Yield (type, object) from one watch request; an ERROR event raises (410: relist)."""
+        """Yield (type, object) from one watch request; an ERROR event raises (410: relist).
+        `on_open` is called once the server has accepted the watch."""
         params: dict[str, Any] = {
             "watch": "true",
             "allowWatchBookmarks": "true",
@@ -166,22 +183,27 @@ class ApiClient:
         self._count("watch", res)
         headers = {"Accept": METADATA_ONLY_WATCH if metadata_only else "application/json"}
         timeout = httpx.Timeout(10, read=timeout_seconds + 30)
-        async with self._http.stream("GET", res.path(namespace), params=params,
-                                     headers=headers, timeout=timeout) as resp:
-            if resp.status_code >= 400:
-                raise _error(resp.status_code, await resp.aread())
-            async for line in resp.aiter_lines():
-                if not line:
-                    continue
-                event = json.loads(line)
-                if event["type"] == "ERROR":
-                    status = event["object"]
-                    raise ApiError(status.get("code", 500), status.get("reason", ""),
-                                   status.get("message", ""))
-                obj = event["object"]
-                obj.setdefault("apiVersion", res.api_version)
-                obj.setdefault("kind", res.kind)
-                yield event["type"], obj
+        try:
+            async with self._http.stream("GET", res.path(namespace), params=params,
+                                         headers=headers, timeout=timeout) as resp:
+                if resp.status_code >= 400:
+                    raise _error(resp.status_code, await resp.aread())
+                if on_open is not None:
+                    on_open()
+                async for line in resp.aiter_lines():
+                    if not line:
+                        continue
+                    event = json.loads(line)
+                    if event["type"] == "ERROR":
+                        status = event["object"]
+                        raise ApiError(status.get("code", 500), status.get("reason", ""),
+                                       status.get("message", ""))
+                    obj = event["object"]
+                    obj.setdefault("apiVersion", res.api_version)
+                    obj.setdefault("kind", res.kind)
+                    yield event["type"], obj
+        except httpx.TransportError as e:
+            raise Unreachable(e) from None
 
     # ------------------------------------------------------------------ writes
     async def create(self, obj: Obj, *, res: Resource | None = None) -> Obj:

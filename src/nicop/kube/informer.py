@@ -103,6 +103,9 @@ class Informer:
         self.watch_timeout = watch_timeout
         self.store = Store()
         self.synced = asyncio.Event()
+        # False from a failed list or watch until the API server answers again: the cache may
+        # be behind meanwhile (what /readyz tells).
+        self.connected = False
         self.relists = 0
         self._handlers: list[Handler] = []
         self._rv = ""
@@ -150,6 +153,7 @@ class Informer:
             if gone is not None:
                 self._emit("DELETED", gone, gone)
         self.relists += 1
+        self.connected = True
         self.synced.set()
 
     async def run(self) -> None:
@@ -166,7 +170,7 @@ class Informer:
                     need_list = False
                 async for event, obj in self.client.watch(
                     self.res, self._rv, self.namespace, timeout_seconds=self.watch_timeout,
-                    **self._selectors(),
+                    on_open=self._opened, **self._selectors(),
                 ):
                     self._rv = obj.get("metadata", {}).get("resourceVersion", self._rv)
                     if event == "BOOKMARK":
@@ -185,13 +189,19 @@ class Informer:
                 if e.code == 410:
                     need_list = True
                     continue
+                self.connected = False
                 log.warning("watch of %s failed: %s; retrying in %.1fs", self.res, e, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30)
             except (OSError, ValueError, httpx.HTTPError) as e:  # reset or truncated stream
+                self.connected = False
                 log.warning("watch of %s broke: %s; retrying in %.1fs", self.res, e, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30)
+
+
+    def _opened(self) -> None:
+        self.connected = True
 
 
 def _older(obj: Obj, than: Obj) -> bool:

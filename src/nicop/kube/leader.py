@@ -12,7 +12,7 @@ import datetime
 import logging
 from typing import Any
 
-from nicop.kube.client import ApiClient, ApiError
+from nicop.kube.client import ApiClient, ApiError, Unreachable
 from nicop.kube.resources import LEASE, Obj
 from nicop.kube.times import micro_stamp, parse, utcnow
 
@@ -43,10 +43,12 @@ class LeaderElector:
         self.renew_deadline = renew_deadline
         self.retry_period = retry_period
         self.is_leader = False
+        self.reachable = True
 
     async def acquire(self) -> None:
-        """Wait until this candidate holds the lease."""
-        while not await self._try_acquire_or_renew():
+        """Wait until this candidate holds the lease; an API server that does not answer is
+        waited for too."""
+        while not await self._attempt():
             await asyncio.sleep(self.retry_period)
         self.is_leader = True
         log.info("became leader (%s)", self.identity,
@@ -57,11 +59,7 @@ class LeaderElector:
         last_renew = asyncio.get_running_loop().time()
         while True:
             await asyncio.sleep(self.retry_period)
-            try:
-                ok = await self._try_acquire_or_renew()
-            except (ApiError, OSError) as e:
-                log.warning("lease renewal failed: %s", e)
-                ok = False
+            ok = await self._attempt()
             now = asyncio.get_running_loop().time()
             if ok:
                 last_renew = now
@@ -82,6 +80,17 @@ class LeaderElector:
             except ApiError as e:
                 log.warning("could not release lease: %s", e)
         self.is_leader = False
+
+    async def _attempt(self) -> bool:
+        """One try to take or renew the lease; `reachable` says whether the API server answered."""
+        try:
+            ok = await self._try_acquire_or_renew()
+        except (ApiError, OSError) as e:
+            self.reachable = not isinstance(e, (Unreachable, OSError))
+            log.warning("lease %s/%s: %s", self.namespace, self.name, e)
+            return False
+        self.reachable = True
+        return ok
 
     async def _try_acquire_or_renew(self) -> bool:
         now = utcnow()

@@ -86,7 +86,7 @@ class Manager:
         self.informers: dict[tuple[Resource, str | None, str | None, str | None, bool],
                              Informer] = {}
         self.controllers: list[Controller] = []
-        self.ready = False
+        self.serving = False  # standing by for the lease, or leading with caches synced
         self.server: asyncio.Server | None = None
 
     def informer(
@@ -107,6 +107,16 @@ class Manager:
             )
         return self.informers[key]
 
+    @property
+    def ready(self) -> bool:
+        """/readyz: serving, and the API server answering (the lease attempts of a standby; for
+        the leader, every informer's watch)."""
+        if not self.serving:
+            return False
+        if self.elector is not None and not self.elector.is_leader:
+            return self.elector.reachable
+        return all(i.connected for i in self.informers.values())
+
     def add(self, controller: Controller) -> Controller:
         self.controllers.append(controller)
         return controller
@@ -122,13 +132,13 @@ class Manager:
         tasks: list[asyncio.Task[None]] = []
         try:
             if self.elector:
-                self.ready = True
+                self.serving = True
                 await self.elector.acquire()
-                self.ready = False
+                self.serving = False
                 tasks.append(asyncio.create_task(self.elector.keep()))
             tasks += [asyncio.create_task(i.run()) for i in self.informers.values()]
             await asyncio.gather(*(i.synced.wait() for i in self.informers.values()))
-            self.ready = True
+            self.serving = True
             LEADING.set(1)
             log.info("caches synced; starting %d controllers", len(self.controllers))
             tasks += [asyncio.create_task(c.run()) for c in self.controllers]
@@ -136,7 +146,7 @@ class Manager:
             for task in done:
                 task.result()  # re-raise (e.g. LostLeadership)
         finally:
-            self.ready = False
+            self.serving = False
             LEADING.set(0)
             for task in tasks:
                 task.cancel()

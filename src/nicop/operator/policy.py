@@ -11,7 +11,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import httpx2 as httpx
 from pydantic import ValidationError
 
 from nicop import logs
@@ -276,7 +275,7 @@ class PolicyController:
             name = node["metadata"]["name"]
             try:
                 self.nodes.assume(await self.client.patch(NODE, name, {"metadata": patch}))
-            except (ApiError, httpx.HTTPError, OSError) as e:
+            except (ApiError, OSError) as e:
                 message = f"labelling node {name} {MOFED_WAIT_LABEL}={wanted} failed: {e}"
                 log.error("%s", message, extra=logs.about("Node", name))
                 errors.append(message)

@@ -30,8 +30,6 @@ import logging
 import os
 from collections.abc import Iterable, Mapping
 
-import httpx2 as httpx
-
 from nicop import logs
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.conditions import with_condition
@@ -478,7 +476,7 @@ class SriovPolicyController:
             try:
                 await self._sync_state(node, states.get(name_of(node)), accepted, found, owner,
                                        pools)
-            except (ApiError, httpx.HTTPError, OSError) as e:
+            except (ApiError, OSError) as e:
                 failed.append(f"writing SriovNetworkNodeState {self.namespace}/"
                               f"{name_of(node)} failed: {e}")
                 for policy in accepted:

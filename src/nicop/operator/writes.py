@@ -19,10 +19,8 @@ import asyncio
 import logging
 import time
 
-import httpx2 as httpx
-
 from nicop.api.labels import DRIVER_LABEL
-from nicop.kube.client import ApiClient, ApiError
+from nicop.kube.client import ApiClient, ApiError, Unreachable
 from nicop.kube.resources import DAEMONSET, DEPLOYMENT, Obj, Resource, key_of, resource_of
 from nicop.kube.times import stamp as now
 
@@ -46,13 +44,15 @@ def immutable_selector(e: ApiError) -> bool:
 
 
 def _failed(verb: str, what: str, e: Exception) -> WriteFailed:
-    if isinstance(e, ApiError):
+    if isinstance(e, Unreachable):
+        answer = str(e)
+    elif isinstance(e, ApiError):
         answer = f"{e.code} {e.reason}: {e.message}" if e.reason else f"{e.code}: {e.message}"
         if e.code == 403:
             answer += " (the operator's ServiceAccount lacks this permission; see " \
                       "docs/install.md, Permissions)"
     else:
-        answer = f"no answer from the API server ({type(e).__name__}: {e})"
+        answer = f"{type(e).__name__}: {e}"
     return WriteFailed(f"{verb} {what} failed: {answer}")
 
 
@@ -66,7 +66,7 @@ async def apply(client: ApiClient, obj: Obj, *, res: Resource | None = None) -> 
         if not (res in (DAEMONSET, DEPLOYMENT) and immutable_selector(e)):
             raise _failed("applying", describe(obj), e) from e
         refusal = e
-    except (httpx.HTTPError, OSError) as e:
+    except OSError as e:
         raise _failed("applying", describe(obj), e) from e
     meta = obj["metadata"]
     if DRIVER_LABEL in (meta.get("labels") or {}):
@@ -90,7 +90,7 @@ async def apply(client: ApiClient, obj: Obj, *, res: Resource | None = None) -> 
             # would count the adopted pods as up to date: one more generation replaces them.
             stored = await client.patch(res, meta["name"], {"spec": {"template": {"metadata": {
                 "annotations": {TAKEN_OVER_ANNOTATION: now()}}}}}, meta.get("namespace"))
-    except (ApiError, httpx.HTTPError, OSError) as e:
+    except (ApiError, OSError) as e:
         raise _failed("recreating", describe(obj), e) from e
     why = (f"{describe(obj)} had another spec.selector, which cannot change in place: deleted "
            "it keeping its pods (cascade=orphan) and created it again; it adopts the pods its "
@@ -103,7 +103,7 @@ async def delete(client: ApiClient, res: Resource, obj: Obj) -> None:
     meta = obj["metadata"]
     try:
         await client.delete(res, meta["name"], meta.get("namespace"))
-    except (ApiError, httpx.HTTPError, OSError) as e:
+    except (ApiError, OSError) as e:
         raise _failed("deleting", describe(obj), e) from e
 
 

@@ -111,6 +111,7 @@ class Process:
     pid: int
     binary: str
     log: str
+    die_with_parent: bool = False
 
     def alive(self) -> bool:
         return _process_alive(self.pid, self.binary)
@@ -178,6 +179,7 @@ class LocalCluster:
         self.state_file = self.state_dir / "state.json"
         self.kubeconfig = self.state_dir / "kubeconfig"
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._admin_tls: ssl.SSLContext | None = None
 
     # ----------------------------------------------------------------- inspection
     def state(self) -> State:
@@ -428,7 +430,7 @@ class LocalCluster:
                 preexec_fn=_die_with_parent if die_with_parent else None,
             )
         self._children[child.pid] = child
-        proc = Process(name, child.pid, binary, str(log_path))
+        proc = Process(name, child.pid, binary, str(log_path), die_with_parent)
         state.processes[name] = proc
         state.save(self.state_file)
         return proc
@@ -626,35 +628,58 @@ class LocalCluster:
         closing listeners nobody uses any more once the API server is gone, so it gets one second.
         """
         state = self.state()
-        report = []
         # Newest first: agents and the operator, then kwok ... etcd.
-        for name in reversed(list(state.processes)):
-            proc = state.processes[name]
-            if not self._alive(proc):
-                self._reap(proc.pid)
-                report.append(f"{name}: was not running (pid {proc.pid} had exited)")
-                continue
-            grace = 1.0 if name == "etcd" else 10.0
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGTERM)
-            deadline = time.monotonic() + grace
-            while self._alive(proc) and time.monotonic() < deadline:
-                self._reap(proc.pid)
-                time.sleep(0.02)
-            how = "stopped"
-            if self._alive(proc):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGKILL)
-                while self._alive(proc):
-                    self._reap(proc.pid)
-                    time.sleep(0.02)
-                how = "stopped (SIGKILL)" if name == "etcd" else f"killed after {grace:.0f}s"
-            self._reap(proc.pid)
-            report.append(f"{name}: {how} (pid {proc.pid})")
+        report = [f"{name}: {self._stop(state.processes[name])}"
+                  for name in reversed(list(state.processes))]
         state.processes = {}
         if self.state_file.exists():
             state.save(self.state_file)
         return report
+
+    def _stop(self, proc: Process) -> str:
+        """SIGTERM, a grace period, then SIGKILL; says how it went."""
+        if not self._alive(proc):
+            self._reap(proc.pid)
+            return f"was not running (pid {proc.pid} had exited)"
+        grace = 1.0 if proc.name == "etcd" else 10.0
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while self._alive(proc) and time.monotonic() < deadline:
+            self._reap(proc.pid)
+            time.sleep(0.02)
+        how = "stopped"
+        if self._alive(proc):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            while self._alive(proc):
+                self._reap(proc.pid)
+                time.sleep(0.02)
+            how = "stopped (SIGKILL)" if proc.name == "etcd" else f"killed after {grace:.0f}s"
+        self._reap(proc.pid)
+        return f"{how} (pid {proc.pid})"
+
+    def restart(self, name: str) -> Process:
+        """Stop one process of the cluster as `down` would and start it again with the same
+        command line (a control plane restart, as in an upgrade); the API server is waited for
+        until it is ready again."""
+        state = self.state()
+        old = state.processes[name]
+        argv = Path(f"/proc/{old.pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+        self._stop(old)
+        new = self._spawn_argv(state, name, argv, old.die_with_parent)
+        if name == "kube-apiserver":
+            self._wait(new, "ready", self.api_ready)
+        return new
+
+    def api_ready(self) -> bool:
+        """Whether the API server answers its /readyz with 200 (as the admin)."""
+        if self._admin_tls is None:
+            pki = self._pki()
+            self._admin_tls = _tls_context(pki["ca"], pki["admin"])
+        with contextlib.suppress(OSError, ssl.SSLError, urllib.error.URLError):
+            return _http_ok(f"{self.server}/readyz", self._admin_tls)
+        return False
 
     def _alive(self, proc: Process) -> bool:
         """Our own children are asked directly: between fork and exec a child does not yet show

@@ -19,8 +19,6 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx2 as httpx
-
 from nicop.kube.client import ApiClient, ApiError, load_config
 from nicop.kube.resources import NODE, Obj
 from nicop.node.host import Host
@@ -76,7 +74,7 @@ async def wait_for_node(client: ApiClient, name: str, stop: asyncio.Event) -> Ob
     while not stop.is_set():
         try:
             return await client.get(NODE, name)
-        except (ApiError, OSError, httpx.HTTPError) as e:
+        except (ApiError, OSError) as e:
             log.warning("cannot read node %s: %s; trying again", name, e)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0)
