@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
+import random
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -174,17 +177,17 @@ def start(client: Client, policy: dict[str, Any]) -> None:
              "every node upgrade-done before the bump")
 
 
-def bump(client: Client, policy: dict[str, Any]) -> dict[str, Any]:
+def bump(client: Client, policy: dict[str, Any], version: str = NEW_VERSION) -> dict[str, Any]:
     bumped = copy.deepcopy(policy)
-    bumped["spec"]["ofedDriver"]["version"] = NEW_VERSION
+    bumped["spec"]["ofedDriver"]["version"] = version
     client.apply(NicClusterPolicy(**bumped), field_manager="test", force=True)
     return bumped
 
 
-def rolled_out(client: Client) -> bool:
+def rolled_out(client: Client, version: str = NEW_VERSION) -> bool:
     pods = list(client.list(Pod, namespace=NAMESPACE))
     return (len(pods) == NODES
-            and all(NEW_VERSION in p.spec.containers[0].image for p in pods)
+            and all(f":{version}-" in p.spec.containers[0].image for p in pods)
             and set(states(client).values()) == {"upgrade-done"}
             and not any(n.spec.unschedulable for n in client.list(Node)))
 
@@ -289,3 +292,84 @@ def test_max_unavailable_counts_nodes_already_down_and_keeps_them_cordoned(
     assert observer.max_cordoned <= 4, "node-5 plus at most 3 upgrading nodes"
     cordoned = sorted(n.metadata.name for n in bclient.list(Node) if n.spec.unschedulable)
     assert cordoned == ["node-5"], "a node cordoned before the upgrade stays cordoned"
+
+
+IN_PROGRESS = ("cordon-required", "wait-for-jobs-required", "drain-required",
+               "pod-restart-required", "uncordon-required")
+
+
+def upgraded_once(observer: Observer, before: dict[str, set[str]]) -> dict[str, int]:
+    """Nodes whose driver pod was not replaced exactly once since `before`."""
+    return {node: len(uids - before.get(node, set()))
+            for node, uids in observer.driver_pods.items()
+            if len(uids - before.get(node, set())) != 1}
+
+
+def test_operator_sigkilled_at_random_moments_of_10_rollouts_upgrades_each_node_once(
+    bclient: Client, op: OperatorProcess
+) -> None:
+    """Ten rollouts in a row, each with the operator SIGKILLed at a moment its seed picks (when
+    that many nodes are done and one is under way) and started again: every node's driver is
+    replaced exactly once per rollout, never more than maxParallelUpgrades nodes are cordoned,
+    and none is left cordoned."""
+    workloads(bclient)
+    start(bclient, POLICY)
+    observer = Observer(bclient)
+    wait_for(lambda: len(observer.driver_pods) == NODES, 30, "the observer to see every pod")
+    try:
+        for seed in range(10):
+            rng = random.Random(seed)
+            done_before_kill = rng.randint(0, NODES - 4)
+            version = f"doca3.5.0-26.07-1.0.{seed + 1}.0-0"
+            before = {node: set(uids) for node, uids in observer.driver_pods.items()}
+            bump(bclient, POLICY, version)
+
+            def kill_moment(version: str = version, done: int = done_before_kill) -> bool:
+                now = states(bclient)
+                upgraded = {p.spec.nodeName for p in bclient.list(Pod, namespace=NAMESPACE)
+                            if f":{version}-" in p.spec.containers[0].image}
+                return sum(v == "upgrade-done" and n in upgraded for n, v in now.items()) \
+                    >= done and any(v in IN_PROGRESS for v in now.values())
+
+            wait_for(kill_moment, 120, f"seed {seed}: {done_before_kill} nodes done, one under way")
+            op.stop(signal.SIGKILL)
+            op.restart()
+            wait_for(lambda version=version: rolled_out(bclient, version), 300,
+                     f"seed {seed}: the rollout to {version} to finish after the kill")
+            wait_for(lambda before=before: not upgraded_once(observer, before), 30,
+                     f"seed {seed}: the observer to see every new pod")
+            assert not upgraded_once(observer, before), f"seed {seed}: not upgraded exactly once"
+    finally:
+        observer.stop()
+    assert 1 <= observer.max_cordoned <= 3, "maxParallelUpgrades 3"
+    assert not any(n.spec.unschedulable for n in bclient.list(Node)), "none left cordoned"
+
+
+def test_etcd_paused_5s_mid_rollout_loses_and_repeats_no_transition(
+    bclient: Client, big: LocalCluster, op: OperatorProcess
+) -> None:
+    """etcd stopped (SIGSTOP) for 5 s while nodes are being upgraded: the API server's answers
+    wait, nothing is lost or done twice. The operator runs with the chart's 15 s lease, whose
+    10 s renew deadline outlasts the pause."""
+    op.lease_duration = 15
+    op.restart()
+    workloads(bclient)
+    start(bclient, POLICY)
+    observer = Observer(bclient)
+    wait_for(lambda: len(observer.driver_pods) == NODES, 30, "the observer to see every pod")
+    before = {node: set(uids) for node, uids in observer.driver_pods.items()}
+    bump(bclient, POLICY)
+    wait_for(lambda: list(states(bclient).values()).count("upgrade-done") >= 6 and any(
+        v in IN_PROGRESS for v in states(bclient).values()), 120, "the rollout under way")
+    etcd = big.state().processes["etcd"].pid
+    os.kill(etcd, signal.SIGSTOP)
+    try:
+        time.sleep(5)  # the fault itself: etcd answers nothing for 5 s
+    finally:
+        os.kill(etcd, signal.SIGCONT)
+    wait_for(lambda: rolled_out(bclient), 300, "the rollout to finish after the pause")
+    wait_for(lambda: not upgraded_once(observer, before), 30, "the observer to see every pod")
+    observer.stop()
+    assert op.proc.poll() is None, "the operator kept running"
+    assert not upgraded_once(observer, before), "every node upgraded exactly once"
+    assert 1 <= observer.max_cordoned <= 3
