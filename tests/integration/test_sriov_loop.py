@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +24,7 @@ from tests.integration.agent_loop import agents, allocatable, delete, pods, read
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
 
 from nicop.sim.cluster import LocalCluster
+from nicop.sim.hardware import STOP_AFTER_NUMVFS, SimulatedHost
 
 NODE = "node-2"  # a ConnectX-6 Dx node of the shared cluster
 PF = "0000:3b:00.0"  # its first port, enp59s0f0np0
@@ -143,3 +146,59 @@ def test_a_pod_on_the_sriov_network_gets_a_vf_and_an_address(
         delete(client, IPPool, "loop-pool", NAMESPACE)
         wait_for(lambda: "nicop-cni-daemon" not in daemonsets(client), timeout=120,
                  what="the CNI daemon to go with the last network")
+
+
+def test_a_config_daemon_killed_between_creating_vfs_and_binding_them_converges(
+        client: Client, cluster: LocalCluster, policy: None) -> None:
+    """The daemon on node-3 stopped right after its write to sriov_numvfs (the simulated kernel
+    stops it there), then SIGKILLed: its DaemonSet's pod restarts it, and the restarted daemon
+    finds the VFs made and binds them to vfio-pci as the policy asks; the node state ends
+    Succeeded and the plugin advertises both VFs."""
+    node, pf = "node-3", "0000:3b:00.1"  # the second port of its ConnectX-6 Dx
+    host = SimulatedHost(cluster.node_root(node))
+    vf_driver = f"sys/bus/pci/devices/{pf}/virtfn{{}}/driver"
+
+    def bound(index: int) -> str:
+        return os.path.basename(os.readlink(cluster.node_root(node) / vf_driver.format(index)))
+
+    (daemon_pod,) = wait_for(lambda: [
+        p for p in pods(client, NAMESPACE, {"app": "sriov-network-config-daemon"})
+        if p.spec.nodeName == node and ready(p)], timeout=120, what=f"the config daemon on {node}")
+    restarts = daemon_pod.status.containerStatuses[0].restartCount
+    host.plant_fault(STOP_AFTER_NUMVFS)
+    client.apply(NodePolicy(metadata=ObjectMeta(name="kill-dpdk", namespace=NAMESPACE), spec={
+        "resourceName": "cx6dx_dpdk", "nodeSelector": {"kubernetes.io/hostname": node},
+        "numVfs": 2, "nicSelector": {"pfNames": ["enp59s0f1np1"]}, "deviceType": "vfio-pci"}),
+        field_manager="test", force=True)
+    try:
+        def stopped() -> int | None:
+            for agent in agents(cluster, node):
+                if agent.command == "sriov-config-daemon" and \
+                        Path(f"/proc/{agent.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] \
+                        == "T":
+                    return agent.pid
+            return None
+
+        pid = wait_for(stopped, timeout=180, what=f"the config daemon on {node} to reach the "
+                       "fault")
+        assert host.read_int(f"/sys/bus/pci/devices/{pf}/sriov_numvfs") == 2
+        assert bound(0) != "vfio-pci", "stopped before binding"
+        os.kill(pid, signal.SIGKILL)
+
+        def converged() -> bool:
+            state = client.get(NodeState, node, namespace=NAMESPACE)
+            return bool((state.get("status") or {}).get("syncStatus") == "Succeeded"
+                        and state["status"].get("lastSyncError", "") == ""
+                        and all(bound(i) == "vfio-pci" for i in (0, 1))
+                        and allocatable(client, node, "nvidia.com/cx6dx_dpdk") == 2)
+
+        wait_for(converged, timeout=180, what="both VFs bound to vfio-pci and advertised")
+        (daemon_pod,) = [p for p in pods(client, NAMESPACE, {"app": "sriov-network-config-daemon"})
+                         if p.spec.nodeName == node]
+        status = daemon_pod.status.containerStatuses[0]
+        assert status.restartCount == restarts + 1 and status.lastState.terminated.exitCode == 137
+        assert host.read_int(f"/sys/bus/pci/devices/{pf}/sriov_numvfs") == 2
+    finally:
+        delete(client, NodePolicy, "kill-dpdk", NAMESPACE)
+        wait_for(lambda: host.read_int(f"/sys/bus/pci/devices/{pf}/sriov_numvfs") == 0,
+                 timeout=120, what=f"the VFs of {pf} to be removed")

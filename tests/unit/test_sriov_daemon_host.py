@@ -18,38 +18,23 @@ from nicop.node.sriov_daemon import (
     discover,
     plan,
 )
-from nicop.sim.hardware import PF_DRIVER, SimulatedHost
+from nicop.sim.hardware import SimulatedHost
 
 PF0, PF1 = "enp59s0f0np0", "enp59s0f1np1"
 PCI0, PCI1 = "0000:3b:00.0", "0000:3b:00.1"
 
 
 class KernelHost(SimulatedHost):
-    """A simulated host whose driver files act as the kernel's: unbind, bind (honouring
-    driver_override), drivers_probe; and that counts sriov_numvfs writes."""
+    """A simulated host that counts sriov_numvfs writes."""
 
     def __init__(self, root: Path | str) -> None:
         super().__init__(root)
         self.numvfs_writes: list[tuple[str, str]] = []
 
     def write(self, path: str, text: str) -> None:
-        parts = path.strip("/").split("/")
         if path.endswith("/sriov_numvfs"):
-            self.numvfs_writes.append((parts[-2], text))
-        if parts[:4] == ["sys", "bus", "pci", "drivers"] and parts[-1] == "unbind":
-            self.bind_driver(text, None)
-        elif parts[:4] == ["sys", "bus", "pci", "drivers"] and parts[-1] == "bind":
-            override = self.read(f"/sys/bus/pci/devices/{text}/driver_override")
-            if override not in (None, "(null)", parts[4]):
-                raise OSError(errno.EINVAL, "Invalid argument", path)
-            self.bind_driver(text, parts[4])
-        elif path == "/sys/bus/pci/drivers_probe":
-            override = self.read(f"/sys/bus/pci/devices/{text}/driver_override")
-            self.bind_driver(text, override if override not in (None, "(null)") else PF_DRIVER)
-        elif path.endswith("/driver_override"):
-            super().write(path, "(null)" if text == "\x00" else text)
-        else:
-            super().write(path, text)
+            self.numvfs_writes.append((path.strip("/").split("/")[-2], text))
+        super().write(path, text)
 
 
 class FakeFirmware:

@@ -632,6 +632,8 @@ class SriovConfigDaemon:
                 if await asyncio.to_thread(apply_work, self.kernel, self.store, self.firmware,
                                            work):
                     self._rebooting = key
+                else:
+                    self._check_applied(state.get("spec") or {})
                 self._applied_generation = state["metadata"].get("generation")
                 return None
             except ApplyError as e:
@@ -642,6 +644,14 @@ class SriovConfigDaemon:
                 await self._publish(found, IN_PROGRESS, error)
                 await asyncio.sleep(self.opts.retry_delay * 2 ** (attempt - 1))
         return error
+
+    def _check_applied(self, spec: Obj) -> None:
+        """Every write went through, but does the host now match? A driver that would not bind
+        is a failure to report, not a reason to apply again at once, forever."""
+        stored = self.store.load()
+        left = plan(spec, discover(self.host, stored, self.vf_vlan), stored)
+        if left:
+            raise ApplyError(f"applied, but the host still differs: {left.describe()}")
 
     async def _fail(self, key: str, error: str) -> float:
         self._failed = (key, time.monotonic())

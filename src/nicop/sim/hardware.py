@@ -16,6 +16,7 @@ import contextlib
 import errno
 import os
 import shutil
+import signal
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
@@ -186,6 +187,10 @@ def _lowest_free(taken: set[int]) -> int:
     return n
 
 
+FAULTS_DIR = ".sim-faults"
+STOP_AFTER_NUMVFS = "stop-after-sriov_numvfs"  # the VFs exist, no driver is bound yet
+
+
 class SimulatedHost(Host):
     """A `Host` whose root is a fixture tree, with the kernel's behaviour for the files it changes.
 
@@ -321,12 +326,26 @@ class SimulatedHost(Host):
 
     # -------------------------------------------------------------------- kernel behaviour
     def write(self, path: str, text: str) -> None:
-        """A write to a sysfs attribute; `sriov_numvfs` behaves as in the kernel."""
+        """A write to a sysfs attribute; `sriov_numvfs` and the PCI drivers' `bind`, `unbind`,
+        `drivers_probe` and `driver_override` behave as in the kernel."""
         real = self.path(path)
+        parts = path.strip("/").split("/")
         if real.name == "sriov_numvfs" and real.exists():
             self.set_numvfs(real.resolve().parent.name, text)
-            return
-        super().write(path, text)
+        elif parts[:4] == ["sys", "bus", "pci", "drivers"] and parts[-1] == "unbind":
+            self.bind_driver(text, None)
+        elif parts[:4] == ["sys", "bus", "pci", "drivers"] and parts[-1] == "bind":
+            override = self.read(f"{PCI_DEVICES}/{text}/driver_override")
+            if override not in (None, "(null)", parts[4]):
+                raise OSError(errno.EINVAL, "Invalid argument", path)
+            self.bind_driver(text, parts[4])
+        elif path == "/sys/bus/pci/drivers_probe":
+            override = self.read(f"{PCI_DEVICES}/{text}/driver_override")
+            self.bind_driver(text, override if override not in (None, "(null)") else PF_DRIVER)
+        elif real.name == "driver_override":
+            super().write(path, "(null)" if text == "\x00" else text)
+        else:
+            super().write(path, text)
 
     def fail_numvfs_writes(self, pf: str, err: int | None = errno.EBUSY) -> None:
         """Make writes to `pf`'s sriov_numvfs fail with `err`, like a busy driver; None heals."""
@@ -372,6 +391,21 @@ class SimulatedHost(Host):
         else:
             self._enable_vfs(address, n)
         self._file(f"{dev}/sriov_numvfs", str(n))
+        self._planted(STOP_AFTER_NUMVFS)
+
+    def plant_fault(self, fault: str) -> None:
+        """Make the next process that gets to `fault` stop itself there (SIGSTOP), so a test can
+        kill it at exactly that point of its work."""
+        path = self.root / FAULTS_DIR / fault
+        path.parent.mkdir(exist_ok=True)
+        path.touch()
+
+    def _planted(self, fault: str) -> None:
+        try:
+            (self.root / FAULTS_DIR / fault).unlink()
+        except FileNotFoundError:
+            return
+        os.kill(os.getpid(), signal.SIGSTOP)
 
     def _enable_vfs(self, pf: str, count: int) -> None:
         dev = self._pci(pf)
