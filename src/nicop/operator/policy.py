@@ -337,8 +337,10 @@ class PolicyController:
             return
         # Lists and keys nicop no longer sets must disappear: null them in the merge patch.
         patch = {**{k: None for k in old if k not in status}, **status}
-        await self.client.patch(NCP, policy["metadata"]["name"], {"status": patch},
-                                subresource="status")
+        # Into the cache at once: the next reconcile compares with what the server now holds,
+        # not with an older status the watch has yet to replace.
+        self.policies.assume(await self.client.patch(NCP, policy["metadata"]["name"],
+                                                     {"status": patch}, subresource="status"))
         if old.get("state") != status["state"]:
             ready = status["state"] == "ready"
             message = next((str(c["message"]) for c in status.get("conditions", [])
