@@ -12,7 +12,6 @@ import asyncio
 import ipaddress
 import json
 import logging
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from nicop.cni.spec import CniError, Code, Obj, config_error
 from nicop.kube.informer import Informer
 from nicop.kube.manager import Manager
 from nicop.kube.resources import CIDRPOOL, IPPOOL
+from nicop.node.watched import WatchedFile
 
 log = logging.getLogger(__name__)
 
@@ -161,19 +161,13 @@ class FilePools:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._seen: tuple[int, int, int] | None = None
+        self._file = WatchedFile(self.path)
         self._pools: dict[str, PoolConfig] = {}
         self._lock = threading.Lock()
 
     def _reload(self) -> None:
-        try:
-            st = os.stat(self.path)
-            seen: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
-        except OSError:
-            seen = None
-        if seen == self._seen:
+        if not self._file.changed():
             return
-        self._seen = seen
         try:
             self._pools = self._read()
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:

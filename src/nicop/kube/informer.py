@@ -199,7 +199,6 @@ class Informer:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30)
 
-
     def _opened(self) -> None:
         self.connected = True
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from pathlib import Path
 
 from nicop.kube.client import ApiClient
 from nicop.kube.events import EventRecorder
@@ -56,29 +55,9 @@ class Reporter:
             return
         try:
             await self.recorder.emit(self.pod, type_, reason, message)
-        except Exception as e:  # an unreachable API server must not stop the agent serving
+        except Exception as e:  # reporting must never stop the agent serving
             log.warning("could not record event %s: %s", reason, e)
 
     async def close(self) -> None:
         if self.client is not None:
             await self.client.close()
-
-
-class WatchedFile:
-    """A config file read again whenever it changes (name, inode, size or mtime)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._seen: tuple[int, int, int] | None = None
-
-    def changed(self) -> bool:
-        """True when the file differs from the last look (also when it went or came)."""
-        try:
-            st = os.stat(self.path)
-            now: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
-        except OSError:
-            now = None
-        if now == self._seen:
-            return False
-        self._seen = now
-        return True

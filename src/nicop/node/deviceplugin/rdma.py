@@ -32,7 +32,8 @@ from nicop.node.deviceplugin.server import (
 )
 from nicop.node.discovery import Inventory, PciFunction, scan
 from nicop.node.host import Host
-from nicop.node.report import Reporter, WatchedFile
+from nicop.node.report import Reporter
+from nicop.node.watched import WatchedFile
 
 log = logging.getLogger(__name__)
 
