@@ -69,7 +69,7 @@ def test_ipv6_pool() -> None:
 
 @pytest.mark.parametrize(("spec", "message"), [
     (ippool(subnet="10.0.0.0/33"), "spec.subnet: '10.0.0.0/33' is not a CIDR"),
-    (ippool(perNodeBlockSize=1), "spec.perNodeBlockSize: 1 must be an integer of at least 2"),
+    (ippool(perNodeBlockSize=0), "spec.perNodeBlockSize: 0 must be an integer of at least 1"),
     (ippool(perNodeBlockSize=300), "spec.perNodeBlockSize: 300 is more than the "
                                    "192.168.0.0/24 subnet has addresses for"),
     (ippool(gateway="10.0.0.1"), "spec.gateway: 10.0.0.1 is not in the subnet 192.168.0.0/24"),

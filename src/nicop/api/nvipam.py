@@ -11,7 +11,14 @@ from typing import Annotated
 
 from pydantic import Field
 
-from nicop.api.common import ApiModel, CrdInfo, KubeObject, NodeSelector, PrinterColumn
+from nicop.api.common import (
+    ApiModel,
+    Conditions,
+    CrdInfo,
+    KubeObject,
+    NodeSelector,
+    PrinterColumn,
+)
 
 GROUP = "nv-ipam.nvidia.com"
 VERSION = "v1alpha1"
@@ -69,8 +76,9 @@ class IPPoolSpec(ApiModel):
 
     subnet: CIDR
     """Subnet of the pool."""
-    per_node_block_size: int
-    """Addresses given to each node; less than the addresses of the subnet."""
+    per_node_block_size: int = Field(ge=1)
+    """Addresses given to each node, at most the subnet's host addresses (1 in a /32, 2 in a
+    /31)."""
     gateway: IP | None = None
     """Gateway of the pool."""
     exclusions: list[ExcludeRange] | None = Field(default=None, max_length=MAX_ITEMS)
@@ -97,6 +105,8 @@ class IPPoolStatus(ApiModel):
     """The blocks given to nodes."""
 
     allocations: list[Allocation]
+    conditions: Conditions = None
+    """Allocated: whether every selected node has a block (nicop's addition)."""
 
 
 class IPPool(KubeObject):
@@ -163,6 +173,8 @@ class CIDRPoolStatus(ApiModel):
     """The prefixes given to nodes."""
 
     allocations: list[CIDRPoolAllocation]
+    conditions: Conditions = None
+    """Allocated: whether every selected node has a prefix (nicop's addition)."""
 
 
 class CIDRPool(KubeObject):

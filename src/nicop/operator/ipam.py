@@ -1,23 +1,28 @@
 """The IPPool and CIDRPool controller: one block of each pool per selected node, in the status.
 
 As nv-ipam's ipam-controller: an IPPool's subnet is cut into blocks of perNodeBlockSize addresses
-starting after the network address; a CIDRPool's CIDR into prefixes of perNodeNetworkPrefix bits
-(static allocations first), each with its gateway at gatewayIndex. Nodes are taken in name order,
-a node keeps its block as long as it matches the pool's nodeSelector and the block is still valid
-for the spec, and a new node takes the first free block. The node agents allocate pod addresses
-from their block without asking the API server again. A spec that cannot be carved empties the
-status and says why in an Event; a node left without a block gets a NoFreeRanges Event.
+starting after the network address (at it in a /31 or /32); a CIDRPool's CIDR into prefixes of
+perNodeNetworkPrefix bits (static allocations first), each with its gateway at gatewayIndex. A
+block whose addresses are all excluded (exclusions and perNodeExclusions together) is given to no
+node, and a block of one address is never the gateway. Nodes are taken in name order, a node
+keeps its block as long as it matches the pool's nodeSelector and the block is still valid for
+the spec, and a new node takes the first free block. The node agents allocate pod addresses from
+their block without asking the API server again. The status condition Allocated says whether
+every selected node has a block; a spec that cannot be carved empties the status, and a node left
+without a block gets a NoFreeRanges (NoFreePrefixes) Event.
 """
 
 from __future__ import annotations
 
+import bisect
 import ipaddress
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from nicop import logs
 from nicop.kube.client import ApiError
+from nicop.kube.conditions import with_condition
 from nicop.kube.events import EventRecorder
 from nicop.kube.informer import Informer
 from nicop.kube.manager import Controller, Manager, Result
@@ -28,20 +33,15 @@ log = logging.getLogger(__name__)
 
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+ALLOCATED = "Allocated"
+"""The pool status condition: True when every selected node has a block."""
 
 
 class InvalidPool(ValueError):
     """A pool spec nothing can be carved from; the message names the field."""
 
 
-# ------------------------------------------------------------------ IPPool
-
-def _network(field: str, value: object) -> Network:
-    try:
-        return ipaddress.ip_network(str(value), strict=False)
-    except ValueError:
-        raise InvalidPool(f"{field}: {value!r} is not a CIDR") from None
-
+# ------------------------------------------------------------------ shared arithmetic
 
 def _address(field: str, value: object) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     try:
@@ -50,21 +50,133 @@ def _address(field: str, value: object) -> ipaddress.IPv4Address | ipaddress.IPv
         raise InvalidPool(f"{field}: {value!r} is not an IP address") from None
 
 
-def _last_usable(net: Network) -> int:
-    """The highest address a block may use: the broadcast address is never handed out."""
-    return int(net.broadcast_address) - (1 if net.version == 4 else 0)
+def _network(field: str, value: object) -> Network:
+    try:
+        return ipaddress.ip_network(str(value), strict=False)
+    except ValueError:
+        raise InvalidPool(f"{field}: {value!r} is not a CIDR") from None
 
 
-def validate_ippool(spec: Obj) -> Network:
-    net = _network("spec.subnet", spec.get("subnet"))
-    size = spec.get("perNodeBlockSize")
-    if not isinstance(size, int) or size < 2:
-        raise InvalidPool(f"spec.perNodeBlockSize: {size!r} must be an integer of at least 2")
-    if size > _last_usable(net) - int(net.network_address):
-        raise InvalidPool(f"spec.perNodeBlockSize: {size} is more than the {net} subnet has "
-                          "addresses for")
-    if spec.get("gateway") and _address("spec.gateway", spec["gateway"]) not in net:
-        raise InvalidPool(f"spec.gateway: {spec['gateway']} is not in the subnet {net}")
+def point_to_point(net: Network) -> bool:
+    """/31, /32, /127 and /128 networks: every address is a host address."""
+    return net.prefixlen >= net.max_prefixlen - 1
+
+
+def possible_ips(net: Network) -> int:
+    """nv-ipam's GetPossibleIPCount: host addresses of a network (no network address, and no
+    broadcast address in IPv4), all of a point-to-point or single-address network."""
+    if point_to_point(net):
+        return net.num_addresses
+    return net.num_addresses - (2 if net.version == 4 else 1)
+
+
+def host_bounds(net: Network) -> tuple[int, int]:
+    """First and last host address of a network, as integers."""
+    first, last = int(net.network_address), int(net.broadcast_address)
+    if point_to_point(net):
+        return first, last
+    return first + 1, last - (1 if net.version == 4 else 0)
+
+
+def merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Overlapping or adjacent inclusive ranges joined, sorted."""
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+class Exclusions:
+    """A pool's `exclusions` and `perNodeExclusions`: whether a block is excluded entirely (so no
+    node gets it, as nv-ipam), and where the next block that may not be starts."""
+
+    def __init__(self, spec: Obj) -> None:
+        ranges = [(int(ipaddress.ip_address(e["startIP"])), int(ipaddress.ip_address(e["endIP"])))
+                  for e in spec.get("exclusions") or []]
+        self.pool = merge(ranges)
+        self.starts = [lo for lo, _ in self.pool]
+        self.per_node = merge([(int(e.get("startIndex", 0)), int(e.get("endIndex", 0)))
+                               for e in spec.get("perNodeExclusions") or []])
+
+    def per_node_cover(self, first: int, last: int) -> bool:
+        """perNodeExclusions alone cover indexes first..last of every block."""
+        return any(lo <= first and hi >= last for lo, hi in self.per_node)
+
+    def covering(self, start: int, end: int) -> tuple[int, int] | None:
+        """The pool exclusion that covers start..end alone, if one does."""
+        i = bisect.bisect_right(self.starts, start) - 1
+        if i >= 0 and self.pool[i][1] >= end:
+            return self.pool[i]
+        return None
+
+    def excluded(self, start: int, end: int, base: int) -> bool:
+        """Every address of start..end excluded; per-node indexes count from `base`."""
+        if self.covering(start, end):
+            return True
+        i = max(0, bisect.bisect_right(self.starts, start) - 1)
+        ranges = [r for r in self.pool[i:bisect.bisect_right(self.starts, end)]
+                  if r[1] >= start]
+        ranges += [(base + lo, base + hi) for lo, hi in self.per_node]
+        merged = merge([(max(lo, start), min(hi, end)) for lo, hi in ranges
+                        if lo <= end and hi >= start])
+        return len(merged) == 1 and merged[0] == (start, end)
+
+
+class Blocks:
+    """The blocks of a pool: block i starts at first + i*stride; its usable addresses leave out
+    `lead` at the front and `tail` at the end (a CIDRPool prefix's network and broadcast
+    addresses). A block is usable when it is not entirely excluded and not the gateway alone."""
+
+    def __init__(self, first: int, count: int, stride: int, exclusions: Exclusions,
+                 gateway: int | None, lead: int = 0, tail: int = 0,
+                 version: int = 4) -> None:
+        self.first, self.stride, self.lead, self.tail = first, stride, lead, tail
+        self.exclusions, self.gateway, self.version = exclusions, gateway, version
+        self.count = 0 if exclusions.per_node_cover(lead, stride - 1 - tail) else count
+
+    def address(self, index: int) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+        value = self.first + index * self.stride
+        return ipaddress.IPv4Address(value) if self.version == 4 else ipaddress.IPv6Address(value)
+
+    def index_of(self, start: int) -> int | None:
+        offset = start - self.first
+        if offset < 0 or offset % self.stride or offset // self.stride >= self.count:
+            return None
+        return offset // self.stride
+
+    def _span(self, index: int) -> tuple[int, int, int]:
+        base = self.first + index * self.stride
+        return base + self.lead, base + self.stride - 1 - self.tail, base
+
+    def usable(self, index: int) -> bool:
+        start, end, base = self._span(index)
+        if self.stride == 1 and start == self.gateway:
+            return False
+        return not self.exclusions.excluded(start, end, base)
+
+    def next_free(self, index: int, used: set[int | None]) -> int | None:
+        """The first usable block not in `used` at or after `index`; jumps over long
+        exclusions instead of stepping through them."""
+        while index < self.count:
+            start, end, base = self._span(index)
+            if index in used or (self.stride == 1 and start == self.gateway):
+                index += 1
+                continue
+            cover = self.exclusions.covering(start, end)
+            if cover is not None:
+                index = max(index + 1, (cover[1] + 1 - self.first) // self.stride)
+                continue
+            if self.exclusions.excluded(start, end, base):
+                index += 1
+                continue
+            return index
+        return None
+
+
+def _validate_exclusions(spec: Obj, net: Network, size: int, what: str) -> None:
     for i, ex in enumerate(spec.get("exclusions") or []):
         start = _address(f"spec.exclusions[{i}].startIP", ex.get("startIP"))
         end = _address(f"spec.exclusions[{i}].endIP", ex.get("endIP"))
@@ -75,18 +187,43 @@ def validate_ippool(spec: Obj) -> Network:
         lo, hi = ex.get("startIndex", 0), ex.get("endIndex", 0)
         if not 0 <= lo <= hi < size:
             raise InvalidPool(f"spec.perNodeExclusions[{i}]: {lo}-{hi} must be indexes "
-                              f"0..{size - 1} of a block, start <= end")
+                              f"0..{size - 1} of {what}, start <= end")
+
+
+# ------------------------------------------------------------------ IPPool
+
+def validate_ippool(spec: Obj) -> Network:
+    net = _network("spec.subnet", spec.get("subnet"))
+    size = spec.get("perNodeBlockSize")
+    if not isinstance(size, int) or size < 1:
+        raise InvalidPool(f"spec.perNodeBlockSize: {size!r} must be an integer of at least 1")
+    if size > possible_ips(net):
+        raise InvalidPool(f"spec.perNodeBlockSize: {size} is more than the {net} subnet has "
+                          "addresses for")
+    if spec.get("gateway") and _address("spec.gateway", spec["gateway"]) not in net:
+        raise InvalidPool(f"spec.gateway: {spec['gateway']} is not in the subnet {net}")
+    _validate_exclusions(spec, net, size, "a block")
     return net
 
 
-def carve_ippool(spec: Obj, existing: list[Obj], nodes: list[str]) -> tuple[list[Obj], list[str]]:
-    """(allocations sorted by node, nodes left without a block)."""
+def ippool_blocks(spec: Obj) -> Blocks:
+    """The blocks of a valid IPPool spec, as nv-ipam cuts them: from the first host address
+    (the network address too in a /31 or /32), never reaching the IPv4 broadcast address."""
     net = validate_ippool(spec)
     size = int(spec["perNodeBlockSize"])
-    base, limit = int(net.network_address) + 1, _last_usable(net)
+    first, last = host_bounds(net)
+    gateway = int(ipaddress.ip_address(spec["gateway"])) if spec.get("gateway") else None
+    return Blocks(first, (last - first + 1) // size, size, Exclusions(spec), gateway,
+                  version=net.version)
+
+
+def carve_ippool(spec: Obj, existing: list[Obj], nodes: list[str]) -> tuple[list[Obj], list[str]]:
+    """(allocations sorted by node, nodes left without a block). A node keeps a block that is
+    still one of the spec's and not entirely excluded; new nodes take the first free ones."""
+    blocks = ippool_blocks(spec)
     wanted = set(nodes)
-    blocks: dict[str, int] = {}
-    used: set[int] = set()
+    taken: dict[str, int] = {}
+    used: set[int | None] = set()
     for alloc in existing:
         node = alloc.get("nodeName")
         try:
@@ -94,26 +231,26 @@ def carve_ippool(spec: Obj, existing: list[Obj], nodes: list[str]) -> tuple[list
             end = int(ipaddress.ip_address(alloc["endIP"]))
         except (KeyError, ValueError):
             continue
-        if (node in wanted and node not in blocks and start >= base and (start - base) % size == 0
-                and end == start + size - 1 and end <= limit and start not in used):
-            blocks[node] = start
-            used.add(start)
+        index = blocks.index_of(start)
+        if (node in wanted and node not in taken and index is not None and index not in used
+                and end == start + blocks.stride - 1 and blocks.usable(index)):
+            taken[str(node)] = index
+            used.add(index)
     left = []
-    index = 0
-    for node in sorted(wanted - set(blocks)):
-        while base + index * size in used:
-            index += 1
-        start = base + index * size
-        if start + size - 1 > limit:
+    cursor: int | None = 0
+    for node in sorted(wanted - set(taken)):
+        cursor = blocks.next_free(cursor, used) if cursor is not None else None
+        if cursor is None:
             left.append(node)
             continue
-        blocks[node] = start
-        used.add(start)
-    ip = ipaddress.ip_address
-    allocations = [
-        {"nodeName": n, "startIP": str(ip(blocks[n])), "endIP": str(ip(blocks[n] + size - 1))}
-        for n in sorted(blocks)
-    ]
+        taken[node] = cursor
+        used.add(cursor)
+        cursor += 1
+    allocations = []
+    for n in sorted(taken):
+        begin = blocks.address(taken[n])
+        allocations.append({"nodeName": n, "startIP": str(begin),
+                            "endIP": str(begin + blocks.stride - 1)})
     return allocations, left
 
 
@@ -123,10 +260,8 @@ def gateway_for(prefix: Network, index: int | None) -> str:
     """nv-ipam's GetGatewayForSubnet: network + index; index 0 only for /31-/32 (/127-/128)."""
     if index is None:
         return ""
-    point_to_point = prefix.prefixlen >= prefix.max_prefixlen - 1
-    hosts = prefix.num_addresses if point_to_point else (
-        prefix.num_addresses - (2 if prefix.version == 4 else 1))
-    if point_to_point:
+    hosts = possible_ips(prefix)
+    if point_to_point(prefix):
         hosts -= 1
     elif index == 0:
         return ""
@@ -146,6 +281,7 @@ def validate_cidrpool(spec: Obj) -> tuple[Network, int]:
         sample = ipaddress.ip_network(f"{net.network_address}/{length}")
         if not gateway_for(sample, index):
             raise InvalidPool(f"spec.gatewayIndex: {index} is not an address of a /{length}")
+    _validate_exclusions(spec, net, 2 ** (net.max_prefixlen - length), "a node's prefix")
     seen_nodes: set[str] = set()
     seen_prefixes: set[str] = set()
     for i, static in enumerate(spec.get("staticAllocations") or []):
@@ -170,14 +306,22 @@ def validate_cidrpool(spec: Obj) -> tuple[Network, int]:
 
 def carve_cidrpool(spec: Obj, existing: list[Obj], nodes: list[str]) -> tuple[list[Obj],
                                                                               list[str]]:
+    """(allocations sorted by node, nodes left without a prefix). A prefix whose host addresses
+    are all excluded is given to no node, static allocations aside."""
     net, length = validate_cidrpool(spec)
     index = spec.get("gatewayIndex")
+    stride = 2 ** (net.max_prefixlen - length)
+    sample = ipaddress.ip_network(f"{net.network_address}/{length}")
+    lo, hi = host_bounds(sample)
+    lead, tail = lo - int(sample.network_address), int(sample.broadcast_address) - hi
+    blocks = Blocks(int(net.network_address), net.num_addresses // stride, stride,
+                    Exclusions(spec), None, lead=lead, tail=tail, version=net.version)
     statics = {str(ipaddress.ip_network(s["prefix"], strict=False)): s
                for s in spec.get("staticAllocations") or []}
     static_by_node = {s["nodeName"]: p for p, s in statics.items() if s.get("nodeName")}
     wanted = set(nodes)
     allocs: dict[str, Obj] = {}
-    used: set[str] = set()
+    used = {blocks.index_of(int(ipaddress.ip_network(p).network_address)) for p in statics}
     for alloc in existing:
         node = alloc.get("nodeName")
         try:
@@ -185,31 +329,32 @@ def carve_cidrpool(spec: Obj, existing: list[Obj], nodes: list[str]) -> tuple[li
         except (KeyError, ValueError):
             continue
         key = str(prefix)
-        if (node not in wanted or node in allocs or key in used
-                or not prefix.subnet_of(net) or prefix.prefixlen != length  # type: ignore[arg-type]
+        i = blocks.index_of(int(prefix.network_address))
+        if (node not in wanted or node in allocs or i is None or prefix.prefixlen != length
                 or (key in statics and statics[key].get("nodeName") != node)
-                or (node in static_by_node and static_by_node[node] != key)):
+                or (node in static_by_node and static_by_node[node] != key)
+                or (key not in statics and (i in used or not blocks.usable(i)))):
             continue
-        allocs[node] = {"nodeName": node, "prefix": key,
-                        "gateway": alloc.get("gateway") or gateway_for(prefix, index)}
-        used.add(key)
-    generator: Iterator[Network] = iter(net.subnets(new_prefix=length))
+        allocs[str(node)] = {"nodeName": node, "prefix": key,
+                             "gateway": alloc.get("gateway") or gateway_for(prefix, index)}
+        used.add(i)
     left: list[str] = []
+    cursor: int | None = 0
     for node in sorted(wanted - set(allocs)):
         if node in static_by_node:
             key = static_by_node[node]
             gw = statics[key].get("gateway") or gateway_for(ipaddress.ip_network(key), index)
             allocs[node] = {"nodeName": node, "prefix": key, "gateway": gw}
-            used.add(key)
             continue
-        free = next((p for p in generator if str(p) not in used and str(p) not in statics),
-                    None)
-        if free is None:
+        cursor = blocks.next_free(cursor, used) if cursor is not None else None
+        if cursor is None:
             left.append(node)
             continue
+        used.add(cursor)
+        free = ipaddress.ip_network((blocks.address(cursor), length))
         allocs[node] = {"nodeName": node, "prefix": str(free),
                         "gateway": gateway_for(free, index)}
-        used.add(str(free))
+        cursor += 1
     out = []
     for node in sorted(allocs):
         a = dict(allocs[node])
@@ -269,31 +414,47 @@ class IpamController:
         spec = pool.get("spec") or {}
         nodes = sorted(n["metadata"]["name"] for n in self.nodes.store.items()
                        if node_matches(spec.get("nodeSelector"), n))
-        existing = (pool.get("status") or {}).get("allocations") or []
+        status = pool.get("status") or {}
+        existing = status.get("allocations") or []
         name = pool["metadata"]["name"]
         try:
             allocations, left = carve(spec, existing, nodes)
         except InvalidPool as e:
-            await self._write(res, pool, existing, [])
+            await self._write(res, pool, [], with_condition(
+                status.get("conditions") or [], ALLOCATED, False, "InvalidSpec", str(e)))
             await self.recorder.emit(pool, "Warning", "InvalidSpec", str(e))
             log.warning("invalid %s: %s", kind, e, extra=logs.about(kind, name, self.namespace))
             return None
-        await self._write(res, pool, existing, allocations)
+        reason = "NoFreeRanges" if kind == "IPPool" else "NoFreePrefixes"
+        if left:
+            shown = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+            message = (f"{len(left)} of {len(nodes)} selected nodes have no block ({shown}): "
+                       "the pool has no free block left; enlarge the pool, use smaller blocks, "
+                       "or exclude fewer addresses (spec.exclusions, spec.perNodeExclusions)")
+        else:
+            reason, message = "AllNodesAllocated", f"all {len(nodes)} selected nodes have a block"
+        await self._write(res, pool, allocations, with_condition(
+            status.get("conditions") or [], ALLOCATED, not left, reason, message))
         for node in left:
-            reason = "NoFreeRanges" if kind == "IPPool" else "NoFreePrefixes"
             await self.recorder.emit(pool, "Warning", reason,
                                      f"failed to allocate a block on node {node}: the pool has "
                                      f"no free block left ({len(allocations)} nodes have one)")
         return None
 
-    async def _write(self, res: Resource, pool: Obj, existing: list[Obj],
-                     allocations: list[Obj]) -> None:
+    async def _write(self, res: Resource, pool: Obj, allocations: list[Obj],
+                     conditions: list[Obj] | None) -> None:
+        """Writes the blocks and the Allocated condition when either changed."""
         status = pool.get("status")
-        if status is not None and _comparable(existing) == _comparable(allocations):
+        existing = (status or {}).get("allocations") or []
+        if status is not None and conditions is None and \
+                _comparable(existing) == _comparable(allocations):
             return
+        patch: Obj = {"allocations": allocations}
+        if conditions is not None:
+            patch["conditions"] = conditions
         m = pool["metadata"]
         try:
-            await self.client.patch(res, m["name"], {"status": {"allocations": allocations}},
+            await self.client.patch(res, m["name"], {"status": patch},
                                     m.get("namespace"), subresource="status")
         except ApiError as e:  # said on the pool, and tried again later
             await self.recorder.emit(pool, "Warning", "StatusWriteFailed",
