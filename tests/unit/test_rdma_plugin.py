@@ -190,7 +190,7 @@ def test_config_defaults_match_upstream(root: Path, caplog: pytest.LogCaptureFix
          "and '_'"),
         ({"configList": [{"resourceName": "a", "selectors": {"vendors": ["15b3"]}},
                          {"resourceName": "b", "selectors": {}}]},
-         'configList[1] ("b"): selectors: empty'),
+         'configList[1] ("b"): selectors: required'),
         ({"configList": [{"resourceName": "a"}]}, 'configList[0] ("a"): selectors: required'),
         ({"configList": [{"resourceName": "a", "devices": ["ib0"],
                           "selectors": {"ifNames": ["ib0"]}}]},
@@ -205,10 +205,11 @@ def test_config_defaults_match_upstream(root: Path, caplog: pytest.LogCaptureFix
          'configList[0] ("a"): selectors.vendors: input should be a valid list'),
         ({"configList": [{"resourceName": "a", "selectors": {"vendors": ["15b3"]}},
                          {"resourceName": "a", "selectors": {"vendors": ["15b3"]}}]},
-         'configList[1] ("a"): resourceName: rdma/a is already defined by configList[0]'),
+         'configList[1] ("a"): resourceName: \'a\' is already used by rdma/a; both would serve '
+         "the socket a.sock"),
         ({"periodicUpdateInterval": -5, "configList": []},
          "periodicUpdateInterval: must be 0 (off) or more seconds"),
-        ({"configlist": []}, "configList: is required"),
+        ({"resources": []}, "configList: is required"),
     ],
 )
 def test_invalid_configs_name_the_entry_and_field(

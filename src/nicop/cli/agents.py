@@ -40,8 +40,24 @@ LogLevel = Annotated[
 ]
 LogDir = Annotated[
     str | None,
-    typer.Option("--log-dir", help="Accepted for upstream's DaemonSets; nicop logs to stderr "
-                 "(kubectl logs)."),
+    typer.Option("--log-dir", "--log_dir",
+                 help="Also write the log to <dir>/<agent>.log; a relative dir is under /var/log "
+                 "(as upstream's entrypoint takes it). Without it, stderr only (kubectl logs)."),
+]
+LogMaxSize = Annotated[
+    int, typer.Option("--log-max-size", min=1, help="With --log-dir: MB before the file rotates.")
+]
+LogMaxFiles = Annotated[
+    int, typer.Option("--log-max-files", min=1, help="With --log-dir: rotated files kept.")
+]
+LogMaxAge = Annotated[
+    int, typer.Option("--log-max-age", help="Accepted for upstream's DaemonSets (days); files "
+                      "are kept by --log-max-files.")
+]
+UseCdi = Annotated[
+    bool,
+    typer.Option("--use-cdi", help="Describe devices in CDI spec files (/var/run/cdi) and hand "
+                 "them to containers by CDI name, as upstream's --use-cdi."),
 ]
 PfRecorder = Annotated[
     Path | None,
@@ -58,6 +74,23 @@ def _level(value: str) -> str:
     return value
 
 
+def _log_file(log_dir: str | None, name: str, max_mb: int, files: int) -> None:
+    """Also log to `<log_dir>/<name>.log`, rotated at `max_mb`, keeping `files` old ones."""
+    if log_dir is None:
+        return
+    import logging
+    from logging.handlers import RotatingFileHandler
+
+    from nicop.cli.common import in_container
+
+    directory = in_container(Path(log_dir if log_dir.startswith("/") else f"/var/log/{log_dir}"))
+    directory.mkdir(parents=True, exist_ok=True)
+    handler = RotatingFileHandler(directory / f"{name}.log", maxBytes=max_mb * 1024 * 1024,
+                                  backupCount=files)
+    handler.setFormatter(logging.getLogger().handlers[0].formatter)
+    logging.getLogger().addHandler(handler)
+
+
 @app.command("rdma-device-plugin")
 def rdma_device_plugin(
     config_file: Annotated[
@@ -68,22 +101,28 @@ def rdma_device_plugin(
     poll_interval: PollInterval = 0.5,
     log_format: LogFormat = "text",
     log_level: LogLevel = "info",
+    log_dir: LogDir = None,
+    log_max_size: LogMaxSize = 100,
+    log_max_files: LogMaxFiles = 5,
+    use_cdi: UseCdi = False,
 ) -> None:
     """Share each NIC's RDMA devices with pods (drop-in for k8s-rdma-shared-dev-plugin)."""
     from nicop.node.deviceplugin.config import ConfigError
-    from nicop.node.deviceplugin.rdma import RdmaAgent, load_config
+    from nicop.node.deviceplugin.rdma import RdmaAgent, check_netns_mode, load_config
     from nicop.node.host import Host
     from nicop.node.report import Reporter
 
     real = in_container(config_file)
+    host = Host.in_container(host_root)
     try:
         config = load_config(real)
+        check_netns_mode(host)
     except ConfigError as e:  # named as the container sees it
         raise fail_plain(str(e).replace(str(real), str(config_file))) from None
-    host = Host.in_container(host_root)
     agent = RdmaAgent(config, host, host.path(device_plugin_dir), poll_interval,
-                      config_path=real, reporter=Reporter.from_env())
-    run_agent(agent.run, log_format, _level(log_level))
+                      config_path=real, reporter=Reporter.from_env(), use_cdi=use_cdi)
+    run_agent(agent.run, log_format, _level(log_level),
+              lambda: _log_file(log_dir, "rdma-shared-dp", log_max_size, log_max_files))
 
 
 @app.command("sriov-device-plugin")
@@ -100,6 +139,10 @@ def sriov_device_plugin(
     log_format: LogFormat = "text",
     log_level: LogLevel = "info",
     log_dir: LogDir = None,
+    log_max_size: LogMaxSize = 100,
+    log_max_files: LogMaxFiles = 5,
+    log_max_age: LogMaxAge = 30,
+    use_cdi: UseCdi = False,
 ) -> None:
     """Give pods SR-IOV VFs and scalable functions (drop-in for sriov-network-device-plugin);
     picks up new VFs and config changes without a restart."""
@@ -118,10 +161,12 @@ def sriov_device_plugin(
             default_prefix=resource_prefix,
             poll_interval=poll_interval,
             reporter=Reporter.from_env(),
+            use_cdi=use_cdi,
         )
     except ConfigError as e:  # named as the container sees it
         raise fail_plain(str(e).replace(str(real), str(config_file))) from None
-    run_agent(agent.run, log_format, _level(log_level))
+    run_agent(agent.run, log_format, _level(log_level),
+              lambda: _log_file(log_dir, "sriovdp", log_max_size, log_max_files))
 
 
 @app.command("sriov-config-daemon")

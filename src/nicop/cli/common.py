@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -71,10 +72,13 @@ def in_container(path: Path) -> Path:
     return Path(Mounts.from_env().real(str(path))) if path.is_absolute() else path
 
 
-def run_agent(main: object, log_format: str, log_level: str = "info") -> None:
-    """Run an agent's `main(stop)` until SIGTERM; exit 1 with the reason if it must give up."""
+def run_agent(main: object, log_format: str, log_level: str = "info",
+              after_log_setup: Callable[[], None] | None = None) -> None:
+    """Run an agent's `main(stop)` until SIGTERM; exit 1 with the reason if it must give up.
+    `after_log_setup` adds to the logging (a log file) once it is set up."""
     from nicop.node import agent
 
-    reason = agent.run_process(main, log_format, log_level)  # type: ignore[arg-type]
+    reason = agent.run_process(main, log_format, log_level,  # type: ignore[arg-type]
+                               after_log_setup)
     if reason:
         raise fail_plain(reason)

@@ -12,12 +12,15 @@ from nicop.node.deviceplugin.server import RegistrationRejected
 
 
 def run_process(main: Callable[[asyncio.Event], Awaitable[None]], log_format: str,
-                log_level: str = "info") -> str | None:
+                log_level: str = "info",
+                after_log_setup: Callable[[], None] | None = None) -> str | None:
     """Run `main(stop)` in a fresh event loop until it returns; SIGTERM and SIGINT set `stop`.
 
     Returns why the agent had to give up (the kubelet refused it), or None after a clean stop.
     """
     logs.setup(log_level, log_format)
+    if after_log_setup is not None:
+        after_log_setup()
 
     async def runner() -> None:
         stop = asyncio.Event()

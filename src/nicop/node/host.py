@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 MOUNTS_ENV = "NICOP_MOUNTS"
+IFF_UP = 0x1
 
 
 class Mounts:
@@ -109,3 +110,25 @@ class Host:
         """Write a sysfs attribute or a file the agent owns; errors are the kernel's (OSError)."""
         with open(self._real(path), "w") as f:
             f.write(text)
+
+    def link_admin_up(self, ifname: str) -> bool | None:
+        """Whether netdev `ifname` is administratively up (IFF_UP in its sysfs `flags`), or None
+        when that cannot be read."""
+        flags = self.read_int(f"/sys/class/net/{ifname}/flags", 16)
+        return None if flags is None else bool(flags & IFF_UP)
+
+    def set_link_up(self, ifname: str) -> None:
+        """`ip link set <ifname> up`, in the agent's network namespace (the node's: the agents
+        run with hostNetwork). Errors are OSError naming the link."""
+        from pyroute2 import IPRoute
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        try:
+            with IPRoute() as ipr:
+                index = ipr.link_lookup(ifname=ifname)
+                if not index:
+                    raise OSError(f"no link {ifname} in this network namespace")
+                ipr.link("set", index=index[0], state="up")
+        except NetlinkError as e:
+            raise OSError(e.code, f"cannot set link {ifname} up: {e}") from None
+

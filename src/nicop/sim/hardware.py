@@ -446,6 +446,19 @@ class SimulatedHost(Host):
             if vf_net:
                 self._set_link_state(vf_net, up)
 
+    def set_admin(self, ifname: str, up: bool) -> None:
+        """`ip link set <ifname> up|down`: IFF_UP in `flags`; an administratively down link is
+        operationally down whatever its carrier."""
+        net = f"{CLASS_NET}/{ifname}"
+        flags = int(self.read(f"{net}/flags") or "0x1003", 16)
+        self._file(f"{net}/flags", hex(flags | 1 if up else flags & ~1))
+        carrier = self.read(f"{net}/carrier") == "1"
+        self._file(f"{net}/operstate", "up" if up and carrier else "down")
+
+    def set_link_up(self, ifname: str) -> None:
+        """What the agents' netlink call does on a real node."""
+        self.set_admin(ifname, True)
+
     def _set_link_state(self, ifname: str, up: bool) -> None:
         net = f"{CLASS_NET}/{ifname}"
         self._file(f"{net}/operstate", "up" if up else "down")
@@ -577,6 +590,7 @@ class SimulatedHost(Host):
             ("addr_len", "20" if ib else "6"), ("address", address),
             ("mtu", "4092" if ib else "1500"), ("ifindex", str(ifindex)), ("dev_port", "0"),
             ("operstate", "up" if up else "down"), ("carrier", "1" if up else "0"),
+            ("flags", "0x1003"),  # IFF_UP | IFF_BROADCAST | IFF_MULTICAST
             ("speed", ("400000" if ib else "100000") if up else "-1"),
         ):
             self._file(f"{net}/{attr}", value)

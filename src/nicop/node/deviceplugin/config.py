@@ -1,8 +1,10 @@
 """Loading the device plugins' JSON config files, with errors that name the entry and the field.
 
-Both upstream plugins decode their config with Go's encoding/json: unknown keys are ignored and a
-wrong type is an error. nicop does the same, but says which entry of the list is wrong, and warns
-about unknown keys, which are usually typos that silently select nothing.
+Both upstream plugins decode their config with Go's encoding/json: keys match field names
+case-insensitively (`PfNames` is `pfNames`), `null` leaves a field at its zero value, unknown keys
+are ignored and a wrong type is an error. nicop decodes the same way (a key in another case must
+not be dropped: a selector without its `pfNames` would take every device), says which entry of
+the list is wrong, and warns about unknown keys, which are usually typos that select nothing.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -59,13 +61,55 @@ def parse(model: type[M], data: Any, path: Path, list_key: str) -> M:
 def parse_part(model: type[M], data: Any, place: Callable[[tuple[Any, ...]], str]) -> M:
     """Validate a part of a config; `place` names an error location for the message."""
     try:
-        parsed = model.model_validate(data)
+        parsed = model.model_validate(go_keys(model, data))
     except ValidationError as e:
         err = e.errors()[0]
         raise ConfigError(f"{place(err['loc'])}: {_message(err)}") from None
     for where in _unknown_keys(parsed, ()):
         log.warning("%s: unknown key, ignored (a typo?)", place(where))
     return parsed
+
+
+def go_keys(model: type[BaseModel], data: Any) -> Any:
+    """`data` with its keys named as `model`'s fields, matched as Go's encoding/json matches them:
+    the exact name, else the name in any case; a later key for the same field wins, and `null`
+    leaves the field at its default. Nested models are treated alike; other keys stay as they are
+    (and are reported as unknown)."""
+    if not isinstance(data, dict):
+        return data
+    exact = {info.alias or name: info.annotation for name, info in model.model_fields.items()}
+    folded: dict[str, str] = {}
+    for key in exact:
+        folded.setdefault(key.casefold(), key)
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        field = key if key in exact else folded.get(str(key).casefold(), str(key))
+        annotation = exact.get(field)
+        if value is None:
+            out.pop(field, None)
+            continue
+        nested = _model_of(annotation)
+        if nested is not None and isinstance(value, list) and _is_list(annotation):
+            value = [go_keys(nested, item) for item in value]
+        elif nested is not None:
+            value = go_keys(nested, value)
+        out[field] = value
+    return out
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The model inside `M`, `M | None` or `list[M]`, if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _is_list(annotation: Any) -> bool:
+    return get_origin(annotation) is list or any(_is_list(a) for a in get_args(annotation))
 
 
 def dotted(loc: tuple[Any, ...]) -> str:

@@ -6,9 +6,10 @@ Each configList entry is a pool of NICs chosen by selectors, advertised as `rdma
 slots ("0", "1", ...) of `<resourcePrefix>/<resourceName>`; a container given any slot gets the
 /dev/infiniband character devices of every NIC in the pool, plus rdma_cm.
 
-Where nicop differs: a pool's slots turn Unhealthy while one of its NICs has its link down, lost
-its RDMA device, or rdma_cm is missing (upstream never changes health), and back when it recovers,
-within a poll interval; the reason is logged. Allocate lists rdma_cm once, not once per NIC.
+Where nicop differs: health is checked per NIC (upstream never changes it). A NIC whose link is
+down, that lost its RDMA device, or whose rdma_cm is missing is logged with the reason; the pool's
+slots stay Healthy while one of its NICs can serve, and turn Unhealthy only when none can (and
+back when one recovers), within a poll interval. Allocate lists rdma_cm once, not once per NIC.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from nicop.node.deviceplugin import api_pb2 as pb
+from nicop.node.deviceplugin import cdi
 from nicop.node.deviceplugin.config import ConfigError, entry_name, parse, read_json
 from nicop.node.deviceplugin.server import (
     AllocationError,
@@ -41,6 +43,9 @@ DEFAULT_CONFIG = Path("/k8s-rdma-shared-dev-plugin/config.json")
 DEFAULT_PREFIX = "rdma"
 DEFAULT_PERIODIC_UPDATE = 60
 RESOURCE_NAME = re.compile(r"^[a-zA-Z0-9_]+$")
+# What upstream's --use-cdi writes: kind nvidia.com/net-rdma, one device per NIC by PCI address.
+CDI_VENDOR = "nvidia.com"
+CDI_CLASS = "net-rdma"
 
 
 class Selectors(BaseModel):
@@ -60,6 +65,7 @@ class Selectors(BaseModel):
                     or self.link_types)
 
     def matches(self, fn: PciFunction) -> bool:
+        """Whether `fn` is selected; every list that is set must contain its value."""
         net = fn.netdev
         return (
             (not self.vendors or fn.vendor in self.vendors)
@@ -108,7 +114,7 @@ def load_config(path: Path) -> Config:
     if not config.config_list:
         raise ConfigError(f"{path}: configList: no resources configured; add at least one "
                           '{"resourceName": ..., "selectors": {...}}')
-    seen: dict[str, str] = {}
+    seen: dict[str, ResourceConfig] = {}
     for i, res in enumerate(config.config_list):
         where = f"{path}: {entry_name(data, 'configList', i)}"
         if not RESOURCE_NAME.match(res.resource_name):
@@ -116,33 +122,56 @@ def load_config(path: Path) -> Config:
                 f"{where}: resourceName: {res.resource_name!r} may contain only letters, digits "
                 f"and '_' ({RESOURCE_NAME.pattern}); hyphens are not allowed"
             )
-        if res.full_name in seen:
-            raise ConfigError(f"{where}: resourceName: {res.full_name} is already defined by "
-                              f"{seen[res.full_name]}")
-        seen[res.full_name] = entry_name(data, "configList", i)
+        if res.resource_name in seen:  # the socket is named by resourceName alone
+            first = seen[res.resource_name]
+            raise ConfigError(
+                f"{where}: resourceName: {res.resource_name!r} is already used by "
+                f"{first.full_name}; both would serve the socket {res.resource_name}.sock, "
+                "whatever their resourcePrefix: give each entry its own resourceName")
+        seen[res.resource_name] = res
         if res.rdma_hca_max < 0:
             raise ConfigError(f"{where}: rdmaHcaMax: must be 0 or more, got {res.rdma_hca_max}")
-        if res.devices is not None and res.selectors is not None:
+        # As upstream: an empty selectors object or devices list counts as not given.
+        selectors = res.selectors if res.selectors and not res.selectors.empty else None
+        if res.devices and selectors is not None:
             raise ConfigError(f"{where}: devices: cannot specify both devices and selectors; "
                               "move the names to selectors.ifNames")
-        if res.devices is not None:
+        if res.devices:
             log.warning("%s: devices: deprecated, use selectors.ifNames", where)
-            res.selectors = Selectors(ifNames=res.devices)
-        if res.selectors is None:
-            raise ConfigError(f"{where}: selectors: required (vendors, deviceIDs, drivers, "
-                              "ifNames or linkTypes)")
-        if res.selectors.empty:
-            raise ConfigError(f"{where}: selectors: empty; give at least one of vendors, "
-                              "deviceIDs, drivers, ifNames, linkTypes (an empty selector would "
-                              "take every NIC of the node)")
+            selectors = Selectors(ifNames=res.devices)
+        if selectors is None:
+            raise ConfigError(f"{where}: selectors: required, with at least one of vendors, "
+                              "deviceIDs, drivers, ifNames, linkTypes (or the deprecated "
+                              "devices list)")
+        res.selectors = selectors
     return config
+
+
+EXCLUSIVE_NETNS = "incorrect RDMA subsystem network namespace"
+NETNS_MODE = "/sys/module/ib_core/parameters/netns_mode"
+
+
+def check_netns_mode(host: Host) -> None:
+    """Refuse the RDMA subsystem's exclusive network namespace mode, as upstream does: there an
+    RDMA device is visible in one namespace only, so it cannot be shared between pods. A kernel
+    without the setting (or without ib_core loaded yet) passes."""
+    mode = host.read(NETNS_MODE)
+    if mode in ("N", "0"):
+        raise ConfigError(
+            f"{EXCLUSIVE_NETNS}: the RDMA subsystem is in exclusive mode ({NETNS_MODE} is "
+            f"{mode}), where each RDMA device lives in one network namespace and cannot be "
+            "shared; run `rdma system set netns shared` on the node, or for exclusive devices "
+            "use the SR-IOV device plugin with rdma-cni")
 
 
 class Pool:
     """One configList entry: its NICs, their health, and what Allocate hands out."""
 
-    def __init__(self, conf: ResourceConfig) -> None:
+    def __init__(self, conf: ResourceConfig, host: Host | None = None,
+                 use_cdi: bool = False) -> None:
         self.conf = conf
+        self.host = host
+        self.use_cdi = use_cdi
         self.resource_name = conf.full_name
         self.socket_name = f"{conf.resource_name}.sock"
         self.members: list[str] = []  # PCI addresses
@@ -161,6 +190,8 @@ class Pool:
                 continue
             if any(r.usable for r in fn.rdma) or fn.address in self.members:
                 members.append(fn.address)
+                if fn.address not in self.members:
+                    self._set_up(fn)
             else:
                 log.info("%s: %s matches but has no RDMA device; skipped (is mlx5_ib loaded?)",
                          self.resource_name, _describe(fn), extra={"resource": self.resource_name})
@@ -170,24 +201,61 @@ class Pool:
                      extra={"resource": self.resource_name})
         self.members = members
 
+    def _set_up(self, fn: PciFunction) -> None:
+        """Bring a NIC's netdev administratively up when it joins the pool, as upstream does at
+        start (RDMA traffic over RoCE needs the netdev up)."""
+        net = fn.netdev
+        if self.host is None or net is None or self.host.link_admin_up(net.name) is not False:
+            return
+        try:
+            self.host.set_link_up(net.name)
+            log.info("%s: set link %s up", self.resource_name, net.name,
+                     extra={"resource": self.resource_name})
+        except OSError as e:
+            log.warning("%s: cannot set link %s up: %s", self.resource_name, net.name, e,
+                        extra={"resource": self.resource_name})
+
     def devices(self, inv: Inventory) -> list[Device]:
-        """The shared slots, all Healthy unless a NIC of the pool has a problem."""
+        """The shared slots: Healthy while at least one NIC of the pool can serve."""
         self._inventory = inv
         problems = {a: p for a in self.members if (p := _problem(inv, a))}
         for address, problem in problems.items():
             if self._problems.get(address) != problem:
-                log.warning("%s: %s: %s; its devices are Unhealthy", self.resource_name,
-                            address, problem, extra={"resource": self.resource_name})
+                log.warning("%s: %s: %s", self.resource_name, address, problem,
+                        extra={"resource": self.resource_name})
         for address in self._problems.keys() - problems.keys():
             log.info("%s: %s recovered", self.resource_name, address,
                      extra={"resource": self.resource_name})
         self._problems = problems
         if not self.members:
             return []
-        return [Device(str(i), healthy=not problems) for i in range(self.conf.rdma_hca_max)]
+        healthy = len(problems) < len(self.members)
+        return [Device(str(i), healthy=healthy) for i in range(self.conf.rdma_hca_max)]
+
+    def cdi_devices(self) -> dict[str, list[str]]:
+        """Per NIC of the pool (by PCI address), its character devices and rdma_cm: the devices
+        of the pool's CDI spec."""
+        inv = self._inventory
+        result = {}
+        for address in self.members:
+            fn = inv.functions.get(address) if inv else None
+            paths = [p for r in (fn.rdma if fn else ()) for p in r.char_devices]
+            if paths and inv is not None and inv.rdma_cm is not None:
+                result[address] = [*paths, inv.rdma_cm]
+        return result
+
+    @property
+    def cdi_file(self) -> str:
+        return f"{CDI_VENDOR}_{self.conf.resource_name}"
 
     def allocate(self, ids: Sequence[str]) -> pb.ContainerAllocateResponse:
-        """Every character device of every NIC of the pool, each once, then rdma_cm."""
+        """Every character device of every NIC of the pool, each once, then rdma_cm; with CDI,
+        a reference to every NIC of the pool's spec."""
+        if self.use_cdi:
+            names = list(self.cdi_devices())
+            if not names:
+                raise AllocationError("no RDMA character devices present for this pool")
+            return cdi.response(CDI_VENDOR, CDI_CLASS, names)
         inv = self._inventory
         paths: list[str] = []
         for address in self.members:
@@ -232,14 +300,19 @@ class RdmaAgent:
     def __init__(
         self, config: Config, host: Host, socket_dir: Path, poll_interval: float = 0.5, *,
         config_path: Path | None = None, reporter: Reporter | None = None,
+        use_cdi: bool = False,
     ) -> None:
         """With `config_path`, the file is read again when it changes: a valid one replaces the
-        running config, an invalid or unreadable one is reported and the running one kept."""
+        running config, an invalid or unreadable one is reported and the running one kept.
+        With `use_cdi`, each pool's NICs are described in a CDI spec file and Allocate refers
+        to them."""
         self.host = host
         self.config = config
         self.socket_dir = socket_dir
         self.poll_interval = poll_interval
-        self.pools = [Pool(c) for c in config.config_list]
+        self.use_cdi = use_cdi
+        self.cdi = cdi.SpecFiles(host)
+        self.pools = [Pool(c, host, use_cdi) for c in config.config_list]
         self.servers = ServerSet()
         self.reporter = reporter or Reporter()
         self._watched = WatchedFile(config_path) if config_path else None
@@ -249,11 +322,14 @@ class RdmaAgent:
         self._next_refresh = 0.0
 
     async def run(self, stop: asyncio.Event) -> None:
+        if self.use_cdi:  # a previous run's (only this plugin's: other nvidia.com specs stay)
+            self.cdi.remove(p.cdi_file for p in self.pools)
         for pool in self.pools:
             self._serve(pool)
         try:
             await run_agent(self.servers, self.tick, self.poll_interval, stop)
         finally:
+            self.cdi.clear()
             await self.reporter.close()
 
     def _serve(self, pool: Pool) -> None:
@@ -282,7 +358,7 @@ class RdmaAgent:
                  ", ".join(c.full_name for c in config.config_list))
         old = {p.resource_name: p for p in self.pools}
         self.config = config
-        self.pools = [Pool(c) for c in config.config_list]
+        self.pools = [Pool(c, self.host, self.use_cdi) for c in config.config_list]
         for name in old.keys() - {p.resource_name for p in self.pools}:
             await self.servers.stop(name)
         for pool in self.pools:
@@ -307,4 +383,9 @@ class RdmaAgent:
         else:
             inv = scan(self.host, only={a for p in self.pools for a in p.members})
         for pool in self.pools:
-            self.servers.servers[pool.resource_name].update(pool.devices(inv))
+            devices = pool.devices(inv)
+            if self.use_cdi:  # before the kubelet can hand a slot out
+                self.cdi.write(pool.cdi_file, f"{CDI_VENDOR}/{CDI_CLASS}", pool.cdi_devices())
+            self.servers.servers[pool.resource_name].update(devices)
+        if self.use_cdi:
+            self.cdi.keep(p.cdi_file for p in self.pools)

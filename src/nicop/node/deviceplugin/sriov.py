@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from nicop.node.deviceplugin import api_pb2 as pb
+from nicop.node.deviceplugin import cdi
 from nicop.node.deviceplugin.config import (
     ConfigError,
     dotted,
@@ -42,6 +43,7 @@ from nicop.node.deviceplugin.server import (
 )
 from nicop.node.discovery import (
     ACCELERATOR_CLASS,
+    PCI_DEVICES,
     AuxDevice,
     Inventory,
     Netdev,
@@ -67,16 +69,14 @@ _PF_ITEM = re.compile(r"^([^#]+)(?:#(\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*))?$")
 # ----------------------------------------------------------------------------- config
 
 class Selectors(BaseModel):
-    """Fields every deviceType has; within a list OR, between fields AND."""
+    """Fields every deviceType has; within a list OR, between fields AND. An object without any
+    field (`{}`) takes every device of its deviceType, as upstream's."""
 
     model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
 
     vendors: list[str] = []
     devices: list[str] = []
     drivers: list[str] = []
-
-    def given(self) -> bool:
-        return any(v not in (None, False, []) for v in self.model_dump().values())
 
 
 class AccelSelectors(Selectors):
@@ -89,8 +89,8 @@ class _NetworkSelectors(Selectors):
     pf_names: list[str] = Field(default=[], alias="pfNames")
     root_devices: list[str] = Field(default=[], alias="rootDevices")
     link_types: list[str] = Field(default=[], alias="linkTypes")
-    # Go's encoding/json matches keys case-insensitively; operators write "IsRdma".
-    is_rdma: bool = Field(default=False, validation_alias=AliasChoices("isRdma", "IsRdma"))
+    # Upstream's field has no json tag: "IsRdma" (what operators write) and "isRdma" both work.
+    is_rdma: bool = Field(default=False, alias="isRdma")
     need_vhost_net: bool = Field(default=False, alias="needVhostNet")
     acpi_indexes: list[str] = Field(default=[], alias="acpiIndexes")
 
@@ -99,7 +99,7 @@ class NetSelectors(_NetworkSelectors):
     pci_addresses: list[str] = Field(default=[], alias="pciAddresses")
     p_keys: list[str] = Field(default=[], alias="pKeys")
     ddp_profiles: list[str] = Field(default=[], alias="ddpProfiles")
-    vdpa_type: str | None = Field(default=None, alias="vdpaType")
+    vdpa_type: str = Field(default="", alias="vdpaType")
 
 
 class AuxSelectors(_NetworkSelectors):
@@ -109,13 +109,15 @@ class AuxSelectors(_NetworkSelectors):
 SELECTOR_MODELS: dict[str, type[Selectors]] = {
     "netDevice": NetSelectors, "auxNetDevice": AuxSelectors, "accelerator": AccelSelectors,
 }
+VDPA_TYPES = ("vhost", "virtio")
+VDPA_DRIVERS = {"vhost_vdpa": "vhost", "virtio_vdpa": "virtio"}
 
 
 class ResourceConfig(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
 
     resource_name: str = Field(alias="resourceName")
-    resource_prefix: str | None = Field(default=None, alias="resourcePrefix")
+    resource_prefix: str = Field(default="", alias="resourcePrefix")
     device_type: str = Field(default="netDevice", alias="deviceType")
     exclude_topology: bool = Field(default=False, alias="excludeTopology")
     selectors: Any = None  # one object or a list; checked against the deviceType's fields
@@ -125,7 +127,7 @@ class ResourceConfig(BaseModel):
 class Config(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
 
-    resource_list: list[ResourceConfig] = Field(alias="resourceList")
+    resource_list: list[Any] = Field(alias="resourceList")  # entries checked one by one
 
 
 @dataclass(frozen=True)
@@ -148,35 +150,71 @@ class Resource:
     def env_name(self) -> str:
         return f"PCIDEVICE_{self.prefix}_{self.conf.resource_name}".replace(".", "_").upper()
 
+    @property
+    def cdi_kind(self) -> str:
+        """The CDI class of the pool's devices, as upstream names it."""
+        return CDI_KINDS[self.conf.device_type]
 
-def load_config(path: Path, default_prefix: str = DEFAULT_PREFIX) -> list[Resource]:
-    """Read and check a config file; ConfigError names the entry and the field."""
+
+CDI_KINDS = {"netDevice": "net-pci", "accelerator": "net-accel", "auxNetDevice": "net-sf"}
+CDI_FILE_PREFIX = "sriov-dp-"
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    """The usable entries of a config file, and why the others were skipped."""
+
+    resources: list[Resource]
+    skipped: list[str]
+
+
+def load_config(path: Path, default_prefix: str = DEFAULT_PREFIX) -> LoadedConfig:
+    """Read and check a config file. An entry that is wrong or asks for what cannot be served is
+    skipped with the reason (naming the entry and the field), and the others are served; a file
+    that is not a config at all, or has no usable entry, is a ConfigError."""
     data = read_json(path)
     config = parse(Config, data, path, "resourceList")
     if not config.resource_list:
         raise ConfigError(f"{path}: resourceList: no resources configured")
     resources: list[Resource] = []
-    for i, conf in enumerate(config.resource_list):
+    skipped: list[str] = []
+    for i, raw in enumerate(config.resource_list):
         where = f"{path}: {entry_name(data, 'resourceList', i)}"
-        if not RESOURCE_NAME.match(conf.resource_name):
-            raise ConfigError(f"{where}: resourceName: {conf.resource_name!r} may contain only "
-                              f"letters, digits, '_' and '-' ({RESOURCE_NAME.pattern})")
-        name = f"{conf.resource_prefix or default_prefix}/{conf.resource_name}"
-        if any(r.name == name for r in resources):
-            raise ConfigError(f"{where}: resourceName: {name} is defined twice")
-        if conf.device_type not in DEVICE_TYPES:
-            raise ConfigError(f"{where}: deviceType: {conf.device_type!r} is not one of "
-                              f"{', '.join(DEVICE_TYPES)}")
-        resources.append(Resource(name, conf, _selectors(conf, where)))
-    return resources
+        try:
+            resource = _resource(raw, where, default_prefix)
+            if any(r.name == resource.name for r in resources):
+                raise ConfigError(f"{where}: resourceName: {resource.name} is defined twice; "
+                                  "the first definition is served")
+        except ConfigError as e:
+            log.warning("%s; entry skipped", e)
+            skipped.append(str(e))
+            continue
+        resources.append(resource)
+    if not resources:
+        raise ConfigError("; ".join(skipped) + " (no usable resource left)")
+    return LoadedConfig(resources, skipped)
+
+
+def _resource(raw: Any, where: str, default_prefix: str) -> Resource:
+    conf = parse_part(ResourceConfig, raw, lambda loc: f"{where}: {dotted(loc)}")
+    if not RESOURCE_NAME.match(conf.resource_name):
+        raise ConfigError(f"{where}: resourceName: {conf.resource_name!r} may contain only "
+                          f"letters, digits, '_' and '-' ({RESOURCE_NAME.pattern})")
+    if conf.device_type not in DEVICE_TYPES:
+        raise ConfigError(f"{where}: deviceType: {conf.device_type!r} is not one of "
+                          f"{', '.join(DEVICE_TYPES)}")
+    name = f"{conf.resource_prefix or default_prefix}/{conf.resource_name}"
+    return Resource(name, conf, _selectors(conf, where))
 
 
 def _selectors(conf: ResourceConfig, where: str) -> tuple[Selectors, ...]:
     raw = conf.selectors
     items = [raw] if isinstance(raw, dict) else raw
-    if not isinstance(items, list) or not items:
-        raise ConfigError(f"{where}: selectors: required, an object or a non-empty list of "
-                          "objects, e.g. {\"vendors\": [\"15b3\"], \"devices\": [\"101e\"]}")
+    if not isinstance(items, list):
+        raise ConfigError(f"{where}: selectors: required, an object or a list of objects, "
+                          "e.g. {\"vendors\": [\"15b3\"], \"devices\": [\"101e\"]}")
+    if not items:
+        raise ConfigError(f"{where}: selectors: an empty list selects no device")
     model = SELECTOR_MODELS[conf.device_type]
     result: list[Selectors] = []
     for j, item in enumerate(items):
@@ -186,31 +224,33 @@ def _selectors(conf: ResourceConfig, where: str) -> tuple[Selectors, ...]:
             return f"{where}: {dotted((at, *loc))}"
 
         sel = parse_part(model, item, place)
-        if not sel.given():
-            raise ConfigError(f"{where}: {at}: empty; give at least one selector, e.g. "
-                              "vendors, devices, drivers or pfNames")
         if isinstance(sel, _NetworkSelectors):
-            for field in ("pfNames", "rootDevices"):
-                values = sel.pf_names if field == "pfNames" else sel.root_devices
+            for field, values in (("pfNames", sel.pf_names), ("rootDevices", sel.root_devices)):
                 for k, value in enumerate(values):
-                    problem = (f"{value!r} is not <PF>[#<i>,<a>-<b>,...]"
-                               if _PF_ITEM.match(value) is None else _ranges_error(value))
-                    if problem:
-                        raise ConfigError(f"{where}: {at}.{field}[{k}]: {problem}")
+                    if problem := _pf_item_problem(value):
+                        log.warning("%s: %s.%s[%d]: %s; it matches no device", where, at, field,
+                                    k, problem)
         if isinstance(sel, NetSelectors):
-            if sel.vdpa_type is not None:
-                raise ConfigError(f"{where}: {at}.vdpaType: vDPA devices are not supported")
+            if sel.vdpa_type and sel.vdpa_type not in VDPA_TYPES:
+                raise ConfigError(f"{where}: {at}.vdpaType: {sel.vdpa_type!r} is not one of "
+                                  f"{', '.join(VDPA_TYPES)}")
+            if sel.vdpa_type and sel.is_rdma:
+                raise ConfigError(f"{where}: {at}: isRdma and vdpaType cannot be used together "
+                                  "(a vDPA device has no RDMA device); remove one")
             if sel.ddp_profiles:
-                raise ConfigError(f"{where}: {at}.ddpProfiles: Intel DDP profiles are not "
-                                  "supported")
-        if isinstance(sel, AuxSelectors) and sel.aux_types != ["sf"]:
+                log.warning("%s: %s.ddpProfiles: DDP profiles exist on Intel 700/800 NICs only; "
+                            "no other device matches", where, at)
+        if isinstance(sel, AuxSelectors) and (not sel.aux_types or set(sel.aux_types) - {"sf"}):
             raise ConfigError(f"{where}: {at}.auxTypes: must be [\"sf\"] (scalable functions), "
                               f"got {json.dumps(sel.aux_types)}")
         result.append(sel)
     return tuple(result)
 
 
-def _ranges_error(value: str) -> str | None:
+def _pf_item_problem(value: str) -> str | None:
+    """Why a `pfNames`/`rootDevices` item such as `ens1f0#0-3,7` is malformed, or None."""
+    if _PF_ITEM.match(value) is None:
+        return f"{value!r} is not <PF>[#<i>,<a>-<b>,...]"
     for part in value.partition("#")[2].split(",") if "#" in value else ():
         first, _, last = part.partition("-")
         if last and int(first) > int(last):
@@ -219,18 +259,22 @@ def _ranges_error(value: str) -> str | None:
 
 
 def _index_sets(values: Sequence[str]) -> dict[str, set[int] | None]:
-    """`["ens1f0#0-3,7", "ens1f1"]` -> {"ens1f0": {0, 1, 2, 3, 7}, "ens1f1": None (all)}."""
+    """`["ens1f0#0-3,7", "ens1f1"]` -> {"ens1f0": {0, 1, 2, 3, 7}, "ens1f1": None (all)}; a
+    malformed item takes no index."""
     result: dict[str, set[int] | None] = {}
     for value in values:
         name, _, spec = value.partition("#")
-        if not spec:
+        taken: set[int] = set()
+        if _PF_ITEM.match(value) is not None and not spec:
             result[name.lower()] = None
             continue
-        indexes: set[int] = set()
-        for part in spec.split(","):
-            first, _, last = part.partition("-")
-            indexes.update(range(int(first), int(last or first) + 1))
-        result[name.lower()] = indexes
+        if _PF_ITEM.match(value) is not None:  # else malformed: matches nothing
+            for part in spec.split(","):
+                first, _, last = part.partition("-")
+                taken.update(range(int(first), int(last or first) + 1))
+        current = result.get(name.lower(), set())
+        if current is not None:
+            result[name.lower()] = current | taken
     return result
 
 
@@ -329,9 +373,28 @@ def selects(sel: Selectors, c: Candidate, host: Host) -> bool:
     if isinstance(sel, NetSelectors) and sel.p_keys and not any(
             r.pkey in sel.p_keys for r in c.rdma):
         return False
+    if isinstance(sel, NetSelectors) and sel.ddp_profiles:
+        return False  # only Intel 700/800 NICs have DDP profiles
     if sel.is_rdma and not any(r.usable for r in c.rdma):
         return False
+    if isinstance(sel, NetSelectors) and sel.vdpa_type and (
+            vdpa(host, c) or ("", None))[0] != sel.vdpa_type:
+        return False
     return not (sel.need_vhost_net and not all(host.exists(p) for p in VHOST_DEVICES))
+
+
+def vdpa(host: Host, c: Candidate) -> tuple[str, str | None] | None:
+    """The vDPA device on a PCI function: its type (vhost or virtio, by the vdpa bus driver it
+    is bound to) and, for vhost, its character device."""
+    if c.pci is None:
+        return None
+    base = f"{PCI_DEVICES}/{c.id}"
+    for entry in host.listdir(base):
+        kind = VDPA_DRIVERS.get(host.link_name(f"{base}/{entry}/driver") or "")
+        if entry.startswith("vdpa") and kind:
+            chars = [e for e in host.listdir(f"{base}/{entry}") if e.startswith("vhost-vdpa-")]
+            return kind, f"/dev/{chars[0]}" if chars else None
+    return None
 
 
 def _in_pf(values: Sequence[str], pf: str | None, index: int | None) -> bool:
@@ -351,14 +414,16 @@ class Taken:
     candidate: Candidate
     rdma: bool
     vhost: bool
+    vdpa: bool = False
 
 
 class Pool:
     """One resource: the devices its selectors took in the last scan, and Allocate."""
 
-    def __init__(self, resource: Resource, host: Host) -> None:
+    def __init__(self, resource: Resource, host: Host, use_cdi: bool = False) -> None:
         self.resource = resource
         self.host = host
+        self.use_cdi = use_cdi
         self.devices: dict[str, Taken] = {}
         self.rdma_cm: str | None = None
 
@@ -373,7 +438,9 @@ class Pool:
                 if selects(sel, c, self.host):
                     net = sel if isinstance(sel, _NetworkSelectors) else None
                     devices[c.id] = Taken(c, rdma=bool(net and net.is_rdma),
-                                          vhost=bool(net and net.need_vhost_net))
+                                          vhost=bool(net and net.need_vhost_net),
+                                          vdpa=isinstance(sel, NetSelectors)
+                                          and bool(sel.vdpa_type))
         taken.update(devices)
         if devices.keys() != self.devices.keys():
             log.info("%s: devices %s", self.resource.name, ", ".join(devices) or "none",
@@ -401,8 +468,13 @@ class Pool:
             for device_id in ids:
                 self._write_device_info(self.devices[device_id])
         env = self.resource.env_name
+        envs = {env: ",".join(ids), f"{env}_INFO": json.dumps(info, sort_keys=True)}
+        if self.use_cdi:  # the devices' nodes are in the spec file; refer to those that have any
+            nodes = self.cdi_devices()
+            return cdi.response(self.resource.prefix, self.resource.cdi_kind,
+                                [i for i in ids if i in nodes], envs)
         return pb.ContainerAllocateResponse(
-            envs={env: ",".join(ids), f"{env}_INFO": json.dumps(info, sort_keys=True)},
+            envs=envs,
             devices=list(specs.values()),
         )
 
@@ -438,6 +510,9 @@ class Pool:
                 add(self.rdma_cm)
                 rdma["rdma_cm"] = self.rdma_cm
             info["rdma"] = rdma
+        if t.vdpa and (found := vdpa(self.host, c)) and found[1]:
+            add(found[1])
+            info["vdpa"] = {"mount": found[1]}
         if t.vhost:
             for path in VHOST_DEVICES:
                 add(path)
@@ -447,6 +522,23 @@ class Pool:
         if merged:
             info["extra"] = merged
         return info
+
+    def cdi_devices(self) -> dict[str, list[str]]:
+        """Each device's nodes, for the CDI spec; devices without any (a VF on its kernel
+        driver) are left out, as a CDI device must change something."""
+        result = {}
+        for device_id, t in self.devices.items():
+            specs: dict[str, pb.DeviceSpec] = {}
+            self._device(t, specs)
+            if specs:
+                result[device_id] = list(specs)
+        return result
+
+    @property
+    def cdi_file(self) -> str:
+        """The spec file name upstream uses: sriov-dp-<vendor>-<class>-<resourceName>."""
+        r = self.resource
+        return f"{CDI_FILE_PREFIX}{r.prefix}-{r.cdi_kind}-{r.conf.resource_name}"
 
     def device_info_path(self, device_id: str) -> str:
         name = self.resource.name.replace("/", "-")
@@ -487,18 +579,22 @@ class SriovAgent:
     def __init__(
         self, config_path: Path, host: Host, socket_dir: Path, *,
         default_prefix: str = DEFAULT_PREFIX, poll_interval: float = 0.5,
-        reporter: Reporter | None = None,
+        reporter: Reporter | None = None, use_cdi: bool = False,
     ) -> None:
         self.config_path = config_path
         self.host = host
         self.socket_dir = socket_dir
         self.default_prefix = default_prefix
         self.poll_interval = poll_interval
+        self.use_cdi = use_cdi
         self.servers = ServerSet()
         self.pools: list[Pool] = []
+        self.skipped: list[str] = []  # entries of the config that are not served, and why
         self.reporter = reporter or Reporter()
+        self.cdi = cdi.SpecFiles(host)
         self._config_text: str | None = None
         self._bad: str | None = None
+        self._reported: list[str] = []
         self.load()
 
     def load(self) -> str | None:
@@ -518,27 +614,31 @@ class SriovAgent:
             return self._bad
         self._config_text = text
         try:
-            resources = load_config(self.config_path, self.default_prefix)
+            loaded = load_config(self.config_path, self.default_prefix)
         except ConfigError as e:
             if first:
                 raise
             return str(e)
         if not first:
             log.info("config %s changed: resources %s", self.config_path,
-                     ", ".join(r.name for r in resources))
+                     ", ".join(r.name for r in loaded.resources))
         old = {p.resource.name: p for p in self.pools}
-        self.pools = [Pool(r, self.host) for r in resources]
+        self.pools = [Pool(r, self.host, self.use_cdi) for r in loaded.resources]
+        self.skipped = loaded.skipped
         for pool in self.pools:
             if pool.resource.name in old:
                 pool.devices = old[pool.resource.name].devices
         return None
 
     async def run(self, stop: asyncio.Event) -> None:
+        if self.use_cdi:
+            self.cdi.remove_matching(CDI_FILE_PREFIX)  # a previous run's, as upstream
         try:
             await run_agent(self.servers, self.tick, self.poll_interval, stop)
         finally:
             for pool in self.pools:
                 pool.remove_device_info()
+            self.cdi.clear()
             await self.reporter.close()
 
     async def tick(self) -> None:
@@ -550,6 +650,12 @@ class SriovAgent:
             else:
                 await self.reporter.info("ConfigLoaded", f"{self.config_path} is valid again")
             self._bad = problem
+        if self.skipped != self._reported:
+            for reason in self.skipped:
+                if reason not in self._reported:
+                    await self.reporter.warn("ResourceSkipped", f"{reason}; entry skipped, the "
+                                             "other resources are served")
+            self._reported = list(self.skipped)
         inv = scan(self.host)
         found: dict[str, list[Candidate]] = {t: candidates(inv, t) for t in DEVICE_TYPES}
         taken: set[str] = set()
@@ -558,6 +664,9 @@ class SriovAgent:
             devices = pool.select(inv, found[pool.resource.conf.device_type], taken)
             name = pool.resource.name
             wanted.add(name)
+            if self.use_cdi:  # before the kubelet can hand a device out
+                self.cdi.write(pool.cdi_file, f"{pool.resource.prefix}/"
+                               f"{pool.resource.cdi_kind}", pool.cdi_devices())
             server = self.servers.servers.get(name)
             if server is not None and server.socket_name != pool.resource.socket_name:
                 await self.servers.stop(name)
@@ -568,6 +677,7 @@ class SriovAgent:
             if server is not None:
                 server.allocate = pool.allocate  # the pool is new after a config reload
                 server.update(devices)
+        self.cdi.keep(p.cdi_file for p in self.pools)
         for name in set(self.servers.servers) - wanted:
             log.info("%s: no longer configured; stopping its plugin", name)
             await self.servers.stop(name)
@@ -577,4 +687,3 @@ class SriovAgent:
             pool.resource.name, self.socket_dir, pool.resource.socket_name, pool.allocate,
             poll_interval=self.poll_interval,
         )
-

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from nicop.api.agents import uses_nicop
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
@@ -54,7 +56,9 @@ def device_plugin(
         args = [*args, "--use-cdi"]
     account = None
     if uses_nicop(spec):
-        plugin = agent_container(ctx, container_name, spec, [agent], mounts=mounts)
+        # Upstream's arguments (--use-cdi, --log-dir, ...): nicop's agents take them alike.
+        extra: dict[str, Any] = {"args": args} if args else {}
+        plugin = agent_container(ctx, container_name, spec, [agent], mounts=mounts, **extra)
         account = name
         objects += [service_account(ctx, name), *cluster_rbac(ctx, name, [EVENTS_RULE])]
     else:
