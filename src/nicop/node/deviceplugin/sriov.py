@@ -8,7 +8,10 @@ with its ID (PCI address or auxiliary device name) and NUMA node, and is given t
 
 Where nicop differs: the host is rescanned every poll interval, so VFs created or removed later
 appear or vanish without a restart; the config file is reloaded when it changes (an invalid new
-config is logged and the running one kept); a device whose PF link is down is Unhealthy.
+config is logged and the running one kept); a device whose PF link is down is Unhealthy; an entry
+that cannot be served is skipped and reported as an Event on the agent's pod while the others are
+served; in CDI mode a device without device nodes (a VF on its kernel driver) is left out of the
+spec instead of making it invalid.
 """
 
 from __future__ import annotations
