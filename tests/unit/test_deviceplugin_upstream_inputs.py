@@ -441,3 +441,23 @@ def test_sriov_cdi_mode_writes_the_spec_and_refers_to_it(root: Path) -> None:
         assert not spec_file.exists()
 
     asyncio.run(main())
+
+
+def test_log_dir_writes_the_log_under_var_log(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--log-dir=sriovdp` (network-operator's argument): upstream's entrypoint logs to
+    /var/log/sriovdp as well as stderr; so does nicop's agent."""
+    from nicop import logs
+    from nicop.cli.agents import _log_file
+    from nicop.node.host import MOUNTS_ENV
+
+    monkeypatch.setenv(MOUNTS_ENV, json.dumps({"/var/log": str(root / "log")}))
+    before = list(logging.getLogger().handlers)
+    logs.setup("info")
+    try:
+        _log_file("sriovdp", "sriovdp", 1, 2)
+        logging.getLogger("nicop.test").info("serving intel.com/mlnx_vf")
+        assert "serving intel.com/mlnx_vf" in (root / "log/sriovdp/sriovdp.log").read_text()
+    finally:
+        for handler in logging.getLogger().handlers:
+            handler.close()
+        logging.getLogger().handlers[:] = before
