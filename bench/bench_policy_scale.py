@@ -1,38 +1,111 @@
-"""How the operator copes with a large cluster: 1000 kwok nodes, one NicClusterPolicy.
+"""How the operator copes with a large cluster: N kwok nodes, the InfiniBand example policy.
 
-Prints the time from applying the InfiniBand example policy to `state: ready`, the API
-requests the operator made by verb, and its peak RSS.
-Run from the repository root: .venv/bin/python -m bench.bench_policy_scale [--nodes 1000]
+For each `--nodes` value, on a fresh local cluster with the operator alone, prints for the
+operator process: CPU seconds (utime+stime) from apply to `state: ready` and from process start
+to ready, CPU and API writes at rest over `--rest` seconds after ready, peak and final RSS, API
+requests by verb and resource, bytes received from watches by resource, and with
+`--trace-memory` the lines of nicop's code that hold the most memory (tracing slows the process:
+its CPU and RSS figures are then not comparable). A sweep ends with how each figure grows.
+
+The policy is upstream's example without `maxUnavailable`, so the figures compare with the Go
+operator's on the same input.
+Run from the repository root:
+  .venv/bin/python -m bench.bench_policy_scale --nodes 100 1000 3000 [--rest 60] [--trace-memory]
 """
 
 from __future__ import annotations
 
 import argparse
 import tempfile
+import time
+from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from bench.common import NCP, cluster_with_operator
+from nicop.kube.client import WRITE_VERBS
 
 ROOT = Path(__file__).resolve().parents[1]
+FIGURES = [  # (key, label, unit)
+    ("cpu_apply_ready", "operator CPU, apply -> ready", "s"),
+    ("cpu_start_ready", "operator CPU, process start -> ready", "s"),
+    ("apply_ready", "wall time, apply -> ready", "s"),
+    ("cpu_rest", "operator CPU at rest", "s"),
+    ("writes_rest", "API writes at rest", ""),
+    ("peak_rss", "operator peak RSS", "MiB"),
+    ("final_rss", "operator RSS at the end", "MiB"),
+    ("requests", "API requests, start -> end", ""),
+    ("watch_mib", "watch events received", "MiB"),
+]
+
+
+def policy() -> dict[str, Any]:
+    body: dict[str, Any] = yaml.safe_load(
+        (ROOT / "examples" / "nicclusterpolicy-infiniband.yaml").read_text())
+    upgrade = (body["spec"].get("ofedDriver") or {}).get("upgradePolicy") or {}
+    upgrade.pop("maxUnavailable", None)
+    return body
+
+
+def writes(requests: dict[tuple[str, str], int]) -> int:
+    return sum(n for (verb, res), n in requests.items()
+               if verb in WRITE_VERBS and res not in ("leases", "events"))
+
+
+def one_run(nodes: int, rest: float, trace_memory: bool) -> dict[str, float]:
+    print(f"\n=== {nodes} nodes ===", flush=True)
+    with tempfile.TemporaryDirectory(dir="/tmp") as tmp, cluster_with_operator(
+        Path(tmp), nodes, ["cx6dx", "dgx", "cx6dx"], trace_memory=trace_memory
+    ) as op:
+        cpu_start = op.cpu_seconds()
+        op.client.apply(NCP(**policy()), field_manager="bench", force=True)
+        took = op.wait_policy()
+        cpu_ready = op.cpu_seconds()
+        before = op.requests()
+        time.sleep(rest)
+        after = op.requests()
+        figures = {
+            "cpu_apply_ready": cpu_ready - cpu_start, "cpu_start_ready": cpu_ready,
+            "apply_ready": took, "cpu_rest": op.cpu_seconds() - cpu_ready,
+            "writes_rest": writes(after) - writes(before), "peak_rss": op.peak_rss_mib(),
+            "final_rss": op.rss_mib("VmRSS"), "requests": sum(after.values()),
+            "watch_mib": sum(op.watch_bytes().values()) / 2**20,
+        }
+        for key, label, unit in FIGURES:
+            print(f"{label:40s} {figures[key]:10.1f} {unit}")
+        print("API requests by verb and resource (start -> end):")
+        for (verb, res), n in sorted(after.items(), key=lambda kv: -kv[1]):
+            print(f"  {verb:7s} {res:32s} {n:7d}")
+        print("watch events received by resource:")
+        for res, size in sorted(op.watch_bytes().items(), key=lambda kv: -kv[1]):
+            print(f"  {res:40s} {size / 2**20:8.2f} MiB")
+        if trace_memory:
+            print("live memory by allocating line of nicop's code:")
+            print(op.memory_by_module())
+        return figures
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--nodes", type=int, default=1000)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1000])
+    parser.add_argument("--rest", type=float, default=60, help="seconds at rest after ready")
+    parser.add_argument("--trace-memory", action="store_true")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, cluster_with_operator(
-        Path(tmp), args.nodes, ["cx6dx", "dgx", "cx6dx"]
-    ) as op:
-        body = yaml.safe_load((ROOT / "examples" / "nicclusterpolicy-infiniband.yaml").read_text())
-        op.client.apply(NCP(**body), field_manager="bench", force=True)
-        took = op.wait_policy()
-        print(f"policy ready {took:.1f}s after apply")
-        print("API requests by verb: "
-              + ", ".join(f"{v}={n}" for v, n in op.requests_by_verb().items()))
-        print(f"operator peak RSS: {op.peak_rss_mib():.0f} MiB")
-
+    runs = {n: one_run(n, args.rest, args.trace_memory) for n in args.nodes}
+    if len(runs) < 2:
+        return
+    sizes = sorted(runs)
+    steps = list(pairwise(sizes))
+    print(f"\n{'figure':40s}" + "".join(f"{n:>10d}" for n in sizes)
+          + "".join(f"  x{b}/{a}" for a, b in steps))
+    for key, label, _ in FIGURES:
+        row = [runs[n][key] for n in sizes]
+        growth = [f"  {b / a:8.2f}" if a else "       n/a" for a, b in pairwise(row)]
+        print(f"{label:40s}" + "".join(f"{v:10.1f}" for v in row) + "".join(growth))
+    print("(growth of the nodes: " + ", ".join(f"x{b / a:.1f}" for a, b in steps)
+          + "; a figure growing by less is sub-linear)")
 
 if __name__ == "__main__":
     main()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,13 +24,16 @@ from nicop.sim.cluster import LocalCluster, free_port
 NCP = create_global_resource("mellanox.com", "v1alpha1", "NicClusterPolicy",
                              "nicclusterpolicies")
 SAMPLE = re.compile(r'^(\w+)\{([^}]*)\} ([0-9.e+-]+)$')
+LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 @contextmanager
 def cluster_with_operator(tmp: Path, nodes: int, profiles: list[str],
-                          node_agents: bool = False) -> Iterator[Operator]:
+                          node_agents: bool = False, trace_memory: bool = False
+                          ) -> Iterator[Operator]:
     """A local cluster and the operator; kwok plays every pod unless `node_agents` (a node
-    stand-in per node runs nicop's pods: too many processes for a big cluster)."""
+    stand-in per node runs nicop's pods: too many processes for a big cluster). With
+    `trace_memory` the operator traces its allocations (slower) for `memory_by_module`."""
     cluster = LocalCluster(tmp / "cluster")
     t = time.monotonic()
     cluster.up(nodes=nodes, profiles=profiles, die_with_parent=True, node_agents=node_agents)
@@ -37,7 +42,7 @@ def cluster_with_operator(tmp: Path, nodes: int, profiles: list[str],
         client = cluster.client()
         install_crds(client)
         client.create(Namespace(metadata=ObjectMeta(name="nvidia-network-operator")))
-        op = Operator(cluster, tmp / "operator.log")
+        op = Operator(cluster, tmp / "operator.log", trace_memory=trace_memory)
         try:
             yield op
         finally:
@@ -47,7 +52,7 @@ def cluster_with_operator(tmp: Path, nodes: int, profiles: list[str],
 
 
 class Operator:
-    def __init__(self, cluster: LocalCluster, log: Path) -> None:
+    def __init__(self, cluster: LocalCluster, log: Path, trace_memory: bool = False) -> None:
         self.cluster = cluster
         self.client: Any = cluster.client()
         self.port = free_port()
@@ -56,6 +61,7 @@ class Operator:
             [sys.executable, "-m", "nicop", "operator", "--kubeconfig", str(cluster.kubeconfig),
              "--health-port", str(self.port), "--no-leader-elect"],
             stdout=self._log, stderr=subprocess.STDOUT,
+            env={**os.environ, **({"PYTHONTRACEMALLOC": "25"} if trace_memory else {})},
         )
         while self.get("/readyz")[0] != 200:
             time.sleep(0.1)
@@ -75,20 +81,46 @@ class Operator:
                 found[m.group(1), m.group(2)] = float(m.group(3))
         return found
 
-    def requests_by_verb(self) -> dict[str, int]:
-        by_verb: dict[str, int] = {}
+    def requests(self) -> dict[tuple[str, str], int]:
+        """(verb, resource) -> requests sent so far."""
+        found = {}
         for (name, labels), value in self.metrics().items():
             if name == "nicop_api_requests_total":
-                verb = re.search(r'verb="([^"]+)"', labels)
-                assert verb
-                by_verb[verb.group(1)] = by_verb.get(verb.group(1), 0) + int(value)
+                tags = dict(LABEL.findall(labels))
+                found[tags["verb"], tags["resource"]] = int(value)
+        return found
+
+    def requests_by_verb(self) -> dict[str, int]:
+        by_verb: Counter[str] = Counter()
+        for (verb, _), n in self.requests().items():
+            by_verb[verb] += n
         return dict(sorted(by_verb.items()))
 
-    def peak_rss_mib(self) -> float:
+    def watch_bytes(self) -> dict[str, float]:
+        """resource -> bytes of watch events received so far."""
+        return {dict(LABEL.findall(labels))["resource"]: value
+                for (name, labels), value in self.metrics().items()
+                if name == "nicop_api_watch_bytes_total"}
+
+    def cpu_seconds(self) -> float:
+        """utime + stime of the operator process so far."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss_mib(self, field: str = "VmHWM") -> float:
+        """Peak (VmHWM) or current (VmRSS) resident memory of the operator process."""
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM"):
+            if line.startswith(field):
                 return int(line.split()[1]) / 1024
         return 0.0
+
+    def peak_rss_mib(self) -> float:
+        return self.rss_mib("VmHWM")
+
+    def memory_by_module(self) -> str:
+        """The operator's live memory by the line of nicop's code that allocated it (needs
+        `trace_memory`)."""
+        return self.get("/debug/memory")[1]
 
     def wait_policy(self, state: str = "ready", timeout: float = 1800) -> float:
         start = time.monotonic()

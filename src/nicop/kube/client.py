@@ -34,6 +34,8 @@ WRITE_VERBS = frozenset({"create", "apply", "patch", "update", "delete", "evict"
 API_REQUESTS = Counter(
     "nicop_api_requests_total", "Requests sent to the Kubernetes API", ["verb", "resource"]
 )
+WATCH_BYTES = Counter("nicop_api_watch_bytes_total", "Bytes of watch events received",
+                      ["resource"])
 
 
 class ApiError(Exception):
@@ -190,9 +192,11 @@ class ApiClient:
                     raise _error(resp.status_code, await resp.aread())
                 if on_open is not None:
                     on_open()
+                received = WATCH_BYTES.labels(res.plural)
                 async for line in resp.aiter_lines():
                     if not line:
                         continue
+                    received.inc(len(line))
                     event = json.loads(line)
                     if event["type"] == "ERROR":
                         status = event["object"]
