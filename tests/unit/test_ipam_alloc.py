@@ -36,7 +36,7 @@ def ipam(tmp_path: Path) -> Iterator[Ipam]:
 def request(command: str = "ADD", cid: str = "c1", ifname: str = "net1", pool: str = "v4",
             cni_args: str = "", name: str = "net-a", **extra: Any) -> Request:
     env = {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": "/x",
-           "CNI_IFNAME": ifname,
+           "CNI_PATH": "/opt/cni/bin", "CNI_IFNAME": ifname,
            "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p-" + cid + cni_args}
     config = {"cniVersion": "1.1.0", "name": name,
               "ipam": {"type": "nv-ipam", "poolName": pool}, **extra}
@@ -61,12 +61,14 @@ def test_the_block_is_used_round_robin_around_gateway_and_exclusions(ipam: Ipam)
 def test_result_has_gateway_routes_and_default_route(ipam: Ipam) -> None:
     result = ipam.allocate(request())
     assert result["ips"] == [{"address": "10.0.0.2/24", "gateway": "10.0.0.1"}]
-    assert result["routes"] == [{"dst": "10.100.0.0/16", "gw": "10.0.0.1"},
-                                {"dst": "0.0.0.0/0", "gw": "10.0.0.1"}]
+    assert result["routes"] == [{"dst": "0.0.0.0/0", "gw": "10.0.0.1"},
+                                {"dst": "10.100.0.0/16", "gw": "10.0.0.1"}]
 
 
-def test_a_repeated_add_gets_the_same_address(ipam: Ipam) -> None:
-    assert addresses(ipam, "a") == addresses(ipam, "a") == ["10.0.0.2/24"]
+def test_a_repeated_add_keeps_the_first_address(ipam: Ipam) -> None:
+    assert addresses(ipam, "a") == ["10.0.0.2/24"]
+    with pytest.raises(CniError, match="allocation already exist"):
+        addresses(ipam, "a")
     assert ipam.usage()["v4"] == {"allocated": 1, "size": 5}
 
 

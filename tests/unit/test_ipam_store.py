@@ -86,7 +86,8 @@ CHILD = textwrap.dedent("""
     i = 0
     while True:
         env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": f"c{i}", "CNI_NETNS": "/x",
-               "CNI_IFNAME": "net1", "CNI_ARGS": "K8S_POD_NAME=p;K8S_POD_NAMESPACE=n"}
+               "CNI_PATH": "/x", "CNI_IFNAME": "net1",
+               "CNI_ARGS": "K8S_POD_NAME=p;K8S_POD_NAMESPACE=n"}
         ip = ipam.allocate(parse_request("nv-ipam", env, config))["ips"][0]["address"]
         print(f"c{i} {ip}", flush=True)
         i += 1

@@ -1,10 +1,13 @@
 """IPAM for the plugins: nv-ipam in the daemon itself, any other type run from CNI_PATH.
 
-nv-ipam's config (`ipam: {type: nv-ipam, poolName: "v4,v6", poolType: ippool|cidrpool}`, static
-addresses from `runtimeConfig.ips`, `args.cni.ips` or CNI_ARGS `IP=`) allocates from this node's
-block of each pool, round-robin after the last address handed out, and keeps the allocation in
-the node-local store before answering. A repeated ADD for the same container and interface gets
-the same address back: a runtime retrying after a crash never gets a second one.
+nv-ipam's config (`ipam: {type: nv-ipam, poolName: "v4,v6", poolType: ippool|cidrpool}`, with
+defaults from `nv-ipam.conf` in the IPAM conf dir, static addresses from `runtimeConfig.ips`,
+`args.cni.ips` or CNI_ARGS `IP=`) allocates from this node's block of each pool, round-robin after
+the last address handed out (a static address does not move that pointer), and keeps the
+allocation in the node-local store before answering. As nv-ipam: a static address that fits none
+of the requested pools fails the ADD, a second ADD for the same container and interface is
+refused (the first allocation stays), and the pool's own gateway handed out as an address
+(allocateDefaultGateway) comes without gateway and routes.
 """
 
 from __future__ import annotations
@@ -21,11 +24,14 @@ from prometheus_client import Gauge
 
 from nicop.cni.pools import Address, PoolConfig, PoolSource
 from nicop.cni.spec import CniError, Code, Obj, Request, config_error, empty_result, parse_result
-from nicop.cni.store import Reservation, Store
+from nicop.cni.store import Reservation, Store, pool_key
+from nicop.node.host import Host
 
 log = logging.getLogger(__name__)
 
 NV_IPAM = "nv-ipam"
+CONF_DIR = "/etc/cni/net.d/nv-ipam.d"
+CONF_FILE = "nv-ipam.conf"
 ALLOCATED = Gauge("nicop_ipam_allocated", "Addresses allocated on this node", ["pool"])
 POOL_SIZE = Gauge("nicop_ipam_pool_size", "Addresses this node can hand out", ["pool"])
 
@@ -57,10 +63,34 @@ def _parse_ip(field_name: str, value: object) -> Address:
         raise config_error(field_name, f"{value!r} is not an IP address") from None
 
 
-def parse_nv_ipam(req: Request) -> NvIpamConf:
-    """nv-ipam's config rules: pool names, pool type and static addresses (cni/types.go)."""
+def conf_file(host: Host | None, ipam: Obj) -> Obj:
+    """`nv-ipam.conf` in the IPAM conf dir (ipam.confDir, default /etc/cni/net.d/nv-ipam.d):
+    defaults for the fields the network configuration leaves out, as nv-ipam's ConfLoader."""
+    if host is None:
+        return {}
+    path = host.path(os.path.join(str(ipam.get("confDir") or CONF_DIR), CONF_FILE))
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise config_error("ipam.confDir", f"{path} cannot be read as JSON ({e}); fix or "
+                           "remove it") from None
+    if not isinstance(data, dict):
+        raise config_error("ipam.confDir", f"{path} must hold a JSON object")
+    return data
+
+
+def parse_nv_ipam(req: Request, host: Host | None = None) -> NvIpamConf:
+    """nv-ipam's config rules: pool names, pool type and static addresses (cni/types.go); the
+    network configuration wins over nv-ipam.conf, CNI args over both."""
     config = req.config
-    ipam = config.get("ipam") or {}
+    if not isinstance(config.get("ipam"), dict):
+        raise CniError(Code.INVALID_CONFIG, "IPAM config missing 'ipam' key",
+                       f"network {req.name!r} needs an \"ipam\" section, e.g. "
+                       "{\"type\": \"nv-ipam\", \"poolName\": \"pool1\"}")
+    ipam = {**conf_file(host, config["ipam"]),
+            **{k: v for k, v in config["ipam"].items() if v not in (None, "")}}
     args_cni = ((config.get("args") or {}).get("cni") or {}) if isinstance(
         config.get("args"), dict) else {}
     names = args_cni.get("poolNames")
@@ -123,6 +153,8 @@ class Ipam:
     def __init__(self, store: Store, pools: PoolSource) -> None:
         self.store = store
         self.pools = pools
+        self.host: Host | None = getattr(store, "host", None)
+        """Where nv-ipam.conf is read from: the node the store is on."""
         self.lock = threading.Lock()
         """Held while choosing and storing an address, so two ADDs never pick the same."""
 
@@ -160,7 +192,7 @@ class Ipam:
                 raise CniError(Code.DEVICE_BUSY, f"{ip} (index {conf.ip_index}) of pool "
                                f"{pool.name} is not free")
             return ip
-        last = self.store.last_reserved(pool.name)
+        last = self.store.last_reserved(pool.key)
         first = start
         if last:
             try:
@@ -181,57 +213,91 @@ class Ipam:
                        f"node ({pool.start}-{pool.end}, {len(taken)} allocated)",
                        "enlarge perNodeBlockSize, or free addresses of pods that are gone")
 
+    def parse(self, req: Request) -> NvIpamConf:
+        return parse_nv_ipam(req, self.host)
+
+    @staticmethod
+    def _static_for(pool: PoolConfig, conf: NvIpamConf) -> Address | None:
+        """The first requested static address inside the pool's subnet (nv-ipam's rule)."""
+        return next((ip for ip in conf.static_ips if ip in pool.subnet), None)
+
+    @staticmethod
+    def _check_statics(pools: list[PoolConfig], conf: NvIpamConf) -> None:
+        for ip in conf.static_ips:
+            if not any(ip in pool.subnet for pool in pools):
+                raise CniError(
+                    Code.INVALID_CONFIG,
+                    "not all requested static IPs can be allocated from the ranges available "
+                    f"on the node, ip {ip} has no matching Pool",
+                    "requested pools: " + ", ".join(f"{p.name} ({p.subnet})" for p in pools)
+                    + "; request an address inside one of them, or add its pool to poolName")
+
     def allocate(self, req: Request, device_id: str = "") -> Obj:
-        """ADD for nv-ipam: one address per pool, stored before the answer."""
-        conf = parse_nv_ipam(req)
+        """ADD for nv-ipam: one address per pool, stored before the answer. A second ADD for
+        the same container and interface is refused as nv-ipam refuses it; the first
+        allocation stays."""
+        conf = self.parse(req)
         pools = self._pool_configs(conf)
+        self._check_statics(pools, conf)
         namespace, name, uid = req.pod
         result = empty_result()
         with self.lock, self.store.transaction():
             for pool in pools:
-                res = self.store.get(pool.name, req.container_id, req.ifname)
-                if res is None:
-                    static = next((ip for ip in conf.static_ips
-                                   if ip.version == pool.subnet.version), None)
-                    ip = self._pick(pool, self.store.reserved(pool.name), conf, static)
-                    res = Reservation(
-                        container_id=req.container_id, interface_name=req.ifname,
-                        ip_address=str(ip), pod_name=name, pod_namespace=namespace,
-                        pod_uuid=uid, device_id=device_id or str(req.config.get("deviceID", "")),
-                        pool_config_snapshot=pool.snapshot(), network=req.name,
-                    )
-                    self.store.reserve(pool.name, res, pool.snapshot())
-                address = f"{res.ip_address}/{pool.subnet.prefixlen}"
-                entry: Obj = {"address": address}
-                if pool.gateway is not None:
+                held = self.store.get(pool.key, req.container_id, req.ifname)
+                if held is not None:
+                    raise CniError(
+                        Code.INTERNAL, f"allocation already exist in the pool \"{pool.name}\", "
+                        f"poolType \"{pool.kind}\"",
+                        f"container {req.container_id} interface {req.ifname} holds "
+                        f"{held.ip_address}; DEL it before adding it again")
+                static = self._static_for(pool, conf)
+                ip = self._pick(pool, self.store.reserved(pool.key), conf, static)
+                res = Reservation(
+                    container_id=req.container_id, interface_name=req.ifname,
+                    ip_address=str(ip), pod_name=name, pod_namespace=namespace,
+                    pod_uuid=uid, device_id=device_id or str(req.config.get("deviceID", "")),
+                    pool_config_snapshot=pool.snapshot(), network=req.name,
+                )
+                chosen = static is not None or conf.default_gateway_as_ip \
+                    or conf.ip_index is not None
+                self.store.reserve(pool.key, res, pool.snapshot(), move_pointer=not chosen)
+                entry: Obj = {"address": f"{res.ip_address}/{pool.subnet.prefixlen}"}
+                if pool.gateway is not None and not conf.default_gateway_as_ip:
+                    # as nv-ipam: the gateway's own address gets no gateway and no routes
                     entry["gateway"] = str(pool.gateway)
+                    result["routes"].extend(pool.result_routes())
                 result["ips"].append(entry)
-                result["routes"].extend(pool.result_routes())
         self.update_metrics()
         return result
 
+    def _keys(self, req: Request) -> list[str]:
+        """The store keys of the pools a request names; every pool when its config no longer
+        parses (DEL must still free what the container holds)."""
+        try:
+            conf = self.parse(req)
+        except CniError:
+            return list(self.store.snapshot())
+        return [pool_key(conf.pool_type, name) for name in conf.pools]
+
     def release(self, req: Request) -> None:
         """DEL for nv-ipam: free this container's address in each pool; absent is fine."""
-        try:
-            conf = parse_nv_ipam(req)
-            names = conf.pools
-        except CniError:
-            names = list(self.store.snapshot())  # a config that no longer parses: look everywhere
+        keys = self._keys(req)
         with self.lock, self.store.transaction():
-            for pool in names:
-                self.store.release(pool, req.container_id, req.ifname)
+            for key in keys:
+                self.store.release(key, req.container_id, req.ifname)
         self.update_metrics()
 
     def is_allocated(self, req: Request) -> None:
-        conf = parse_nv_ipam(req)
+        conf = self.parse(req)
         for pool in conf.pools:
-            if self.store.get(pool, req.container_id, req.ifname) is None:
+            if self.store.get(pool_key(conf.pool_type, pool), req.container_id,
+                              req.ifname) is None:
                 raise CniError(Code.INTERNAL, f"no allocation in pool {pool} for container "
                                f"{req.container_id} interface {req.ifname}")
 
     def ready(self, req: Request) -> None:
         """STATUS for nv-ipam: the node has a block of every pool the config names."""
-        conf = parse_nv_ipam(req)
+        conf = self.parse(req)
         for name in conf.pools:
             try:
                 self.pools.lookup(conf.pool_type, name)
@@ -243,11 +309,12 @@ class Ipam:
         """GC for nv-ipam: free what this network allocated for attachments that are gone."""
         valid = {(a.get("containerID"), a.get("ifname"))
                  for a in req.config.get("cni.dev/valid-attachments") or []}
-        conf = parse_nv_ipam(req)
+        conf = self.parse(req)
+        keys = {pool_key(conf.pool_type, name) for name in conf.pools}
         freed = 0
         with self.lock, self.store.transaction():
             for pool, entries in self.store.snapshot().items():
-                if pool not in conf.pools:
+                if pool not in keys:
                     continue
                 for res in entries:
                     if res.network == req.name and \
@@ -263,8 +330,8 @@ class Ipam:
         known = self.pools.known()
         for name, entries in self.store.snapshot().items():
             out[name] = {"allocated": len(entries), "size": 0}
-        for name, pool in known.items():
-            out.setdefault(name, {"allocated": 0, "size": 0})["size"] = pool.size()
+        for pool in known.values():
+            out.setdefault(pool.key, {"allocated": 0, "size": 0})["size"] = pool.size()
         return out
 
     def update_metrics(self) -> None:
@@ -281,13 +348,8 @@ class Ipam:
         if section["type"] != NV_IPAM:
             self._binary(req, section["type"])
             return
-        conf = parse_nv_ipam(req)
-        for pool in self._pool_configs(conf):
-            static = next((ip for ip in conf.static_ips if ip.version == pool.subnet.version),
-                          None)
-            if static is not None and static not in pool.subnet:
-                raise config_error("static IP", f"{static} is not in pool {pool.name} "
-                                   f"({pool.subnet})")
+        conf = self.parse(req)
+        self._check_statics(self._pool_configs(conf), conf)
 
     def add(self, req: Request) -> Obj:
         section = ipam_section(req.config)

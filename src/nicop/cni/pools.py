@@ -9,6 +9,7 @@ kept current by informers) or, on a node without a cluster, from a JSON file (`F
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import json
 import logging
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from nicop.cni.spec import CniError, Code, Obj, config_error
+from nicop.cni.store import pool_key
 from nicop.kube.informer import Informer
 from nicop.kube.manager import Manager
 from nicop.kube.resources import CIDRPOOL, IPPOOL
@@ -46,6 +48,11 @@ class PoolConfig:
     routes: tuple[str, ...] = ()
     default_gateway: bool = False
 
+    @property
+    def key(self) -> str:
+        """The pool's key in the node store (nv-ipam's: `cidrpool/<name>` for a CIDRPool)."""
+        return pool_key(self.kind, self.name)
+
     def excluded(self, value: int) -> bool:
         return any(lo <= value <= hi for lo, hi in self.exclusions)
 
@@ -63,14 +70,14 @@ class PoolConfig:
         return max(0, end - start + 1 - taken)
 
     def result_routes(self) -> list[Obj]:
-        """Routes through the pool's gateway (nv-ipam adds none without a gateway)."""
+        """Routes through the pool's gateway, none without one; each destination once, in
+        nv-ipam's order (getRoutes, sortAndDedupIPNets)."""
         if self.gateway is None:
             return []
-        routes = [{"dst": r, "gw": str(self.gateway)} for r in self.routes]
+        nets = [ipaddress.ip_network(r, strict=False) for r in self.routes]
         if self.default_gateway:
-            default = "0.0.0.0/0" if self.subnet.version == 4 else "::/0"
-            routes.append({"dst": default, "gw": str(self.gateway)})
-        return routes
+            nets.append(DEFAULT_ROUTE[self.subnet.version])
+        return [{"dst": str(n), "gw": str(self.gateway)} for n in sort_routes(nets)]
 
     def snapshot(self) -> str:
         """The config as nv-ipam records it with each reservation."""
@@ -78,6 +85,34 @@ class PoolConfig:
             "name": self.name, "subnet": str(self.subnet), "startIP": str(self.start),
             "endIP": str(self.end), "gateway": str(self.gateway or ""),
         }, separators=(",", ":"))
+
+
+DEFAULT_ROUTE: dict[int, Network] = {4: ipaddress.IPv4Network("0.0.0.0/0"),
+                                     6: ipaddress.IPv6Network("::/0")}
+
+
+def _route_order(a: Network, b: Network) -> int:
+    """nv-ipam's route comparison: by the address bytes as Go holds them, then by the mask. Go
+    holds a parsed IPv4 route in 4 bytes but its IPv4 default route in 16 (::ffff:0.0.0.0),
+    which puts the default route first."""
+    if a.network_address == b.network_address:
+        return (a.prefixlen > b.prefixlen) - (a.prefixlen < b.prefixlen)
+
+    def raw(n: Network) -> bytes:
+        if n.version == 4 and n == DEFAULT_ROUTE[4]:
+            return bytes(10) + b"\xff\xff" + bytes(4)
+        return n.network_address.packed
+    ra, rb = raw(a), raw(b)
+    return (ra > rb) - (ra < rb)
+
+
+def sort_routes(nets: list[Network]) -> list[Network]:
+    """Routes sorted and with duplicates dropped, as nv-ipam returns them."""
+    out: list[Network] = []
+    for n in sorted(nets, key=functools.cmp_to_key(_route_order)):
+        if not out or out[-1] != n:
+            out.append(n)
+    return out
 
 
 def _merge(ranges: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:

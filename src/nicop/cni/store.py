@@ -1,7 +1,8 @@
 """The node-local allocation store: nv-ipam's file, same path and layout, written atomically.
 
-`/var/lib/cni/nv-ipam/store` holds `{version, checksum, pools: {name: {name, entries, ...}}}`
-with entries keyed `<container_id>_<interface_name>`. The checksum is FNV-32a over the Go
+`/var/lib/cni/nv-ipam/store` holds `{version, checksum, pools: {key: {name, entries, ...}}}`
+with entries keyed `<container_id>_<interface_name>` and pools keyed as nv-ipam keys them (an
+IPPool by its name, a CIDRPool as `cidrpool/<name>`). The checksum is FNV-32a over the Go
 encoding of the same data, so a node can move between nv-ipam and nicop without losing what
 its pods hold. Every change is written to a temporary file, fsynced and renamed over the old
 one before the caller hears of it: a crash leaves either the old or the new file, never half
@@ -24,6 +25,12 @@ from nicop.node.host import Host
 
 STORE_PATH = "/var/lib/cni/nv-ipam/store"
 VERSION = 1
+
+
+def pool_key(pool_type: str, name: str) -> str:
+    """The store's key of a pool, as nv-ipam's GetPoolKey: an IPPool's plain name (the layout
+    before CIDRPools existed), `cidrpool/<name>` for a CIDRPool."""
+    return name if pool_type in ("", "ippool") else f"{pool_type}/{name}"
 
 
 class StoreError(Exception):
@@ -122,6 +129,7 @@ class Store:
     """
 
     def __init__(self, host: Host, path: str = STORE_PATH) -> None:
+        self.host = host
         self.path = host.path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
@@ -239,12 +247,16 @@ class Store:
             return p.last_reserved_ip if p else ""
 
     # ------------------------------------------------------------------ changes
-    def reserve(self, pool: str, res: Reservation, pool_config: str = "") -> None:
+    def reserve(self, pool: str, res: Reservation, pool_config: str = "",
+                move_pointer: bool = True) -> None:
+        """Stores `res`; a static address (move_pointer False) leaves the round-robin pointer
+        where it was, as nv-ipam does."""
         with self.transaction():
             p = self.pools.setdefault(pool, PoolEntries(pool))
             res.create_time = res.create_time or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             p.entries[res.key] = res
-            p.last_reserved_ip = res.ip_address
+            if move_pointer:
+                p.last_reserved_ip = res.ip_address
             if pool_config:
                 p.last_pool_config = pool_config
 
