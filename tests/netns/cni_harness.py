@@ -49,8 +49,9 @@ def _fields(where: str, obj: Any, allowed: dict[str, type], required: tuple[str,
 
 
 def validate_result(result: Any, version: str, *, ipam_only: bool = False) -> None:
-    """Assert that `result` is an ADD result as the CNI spec of `version` (1.0.0/1.1.0) defines."""
-    new = version == "1.1.0"
+    """Assert that `result` is an ADD result as the CNI spec of `version` (1.0.0/1.1.0) defines,
+    with the 1.1.0 fields allowed in 1.0.0 too: the Go library writes both from one type."""
+    new = version in ("1.0.0", "1.1.0")
     _fields("result", result, {"cniVersion": str, "interfaces": list, "ips": list,
                                "routes": list, "dns": dict}, ("cniVersion",))
     assert result["cniVersion"] == version

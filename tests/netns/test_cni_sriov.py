@@ -26,12 +26,12 @@ def sriov(node: Node, vf: int = 0, version: str = "1.0.0", **extra: Any) -> dict
 
 
 @pytest.mark.parametrize("version", ["1.0.0", "1.1.0"])
-def test_add_moves_the_vf_into_the_pod_with_name_mac_mtu_ip_and_routes(
+def test_add_moves_the_vf_into_the_pod_with_name_mac_ip_and_routes(
     node: Node, version: str
 ) -> None:
     vf = node.vfs[2]
     pod = node.pod()
-    config = sriov(node, 2, version, vlan=100, vlanQoS=3, mac="02:aa:bb:cc:dd:01", mtu=1400,
+    config = sriov(node, 2, version, vlan=100, vlanQoS=3, mac="02:aa:bb:cc:dd:01",
                    spoofchk="off", trust="on", link_state="enable", min_tx_rate=10,
                    max_tx_rate=1000)
     call = node.cni("sriov", "ADD", config, netns=pod, ifname="net1")
@@ -40,14 +40,13 @@ def test_add_moves_the_vf_into_the_pod_with_name_mac_mtu_ip_and_routes(
     iface = call.out["interfaces"][0]
     assert iface["name"] == "net1" and iface["sandbox"] == pod
     assert iface["mac"] == "02:aa:bb:cc:dd:01"
-    assert (iface.get("mtu"), iface.get("pciID")) == (
-        (1400, vf.pci) if version == "1.1.0" else (None, None))
+    assert (iface.get("mtu"), iface.get("pciID")) == (1500, vf.pci)
     assert call.out["ips"] == [{"interface": 0, "address": "10.10.1.1/16",
                                 "gateway": "10.10.0.1"}]
     assert call.out["routes"] == [{"dst": "10.200.0.0/16", "gw": "10.10.0.1"}]
 
     in_pod = links(pod)["net1"]
-    assert in_pod["address"] == "02:aa:bb:cc:dd:01" and in_pod["mtu"] == 1400
+    assert in_pod["address"] == "02:aa:bb:cc:dd:01" and in_pod["mtu"] == 1500
     assert "UP" in in_pod["flags"]
     assert addresses(pod, "net1") == ["10.10.1.1/16"]
     assert {"dst": "10.200.0.0/16", "gateway": "10.10.0.1"}.items() <= next(

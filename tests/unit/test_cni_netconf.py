@@ -56,8 +56,11 @@ CASES: list[tuple[str, str, dict[str, str], Any, int, str]] = [
      "the network configuration must be a JSON object"),
     ("unknown cniVersion", "sriov", {}, with_(SRIOV, cniVersion="2.0.0"), 1,
      "incompatible CNI versions"),
-    ("no cniVersion", "sriov", {}, with_(SRIOV, cniVersion=None), 1,
-     "incompatible CNI versions"),
+    ("no network name", "sriov", {}, with_(SRIOV, name=None), 7, "missing network name"),
+    ("network name with a space", "sriov", {}, with_(SRIOV, name="net a"), 7,
+     "invalid characters found in network name"),
+    ("no CNI_PATH", "sriov", {"CNI_PATH": ""}, SRIOV, 4,
+     "required env variables [CNI_PATH] missing"),
     ("no deviceID", "sriov", {}, with_(SRIOV, deviceID=None), 7,
      "deviceID: required: the VF's PCI address, which Multus adds from the pod's device-plugin "
      "resource (check the network's k8s.v1.cni.cncf.io/resourceName annotation and the pod's "
@@ -86,10 +89,8 @@ CASES: list[tuple[str, str, dict[str, str], Any, int, str]] = [
      "runtimeConfig.mac: 'x' is not a MAC address such as 02:00:00:00:00:01"),
     ("bad CNI_ARGS MAC", "sriov", {"CNI_ARGS": "IgnoreUnknown=1;MAC=zz"}, SRIOV, 7,
      "CNI_ARGS MAC: 'zz' is not a MAC address such as 02:00:00:00:00:01"),
-    ("spoofchk yes", "sriov", {}, with_(SRIOV, spoofchk="yes"), 7,
-     "spoofchk: 'yes' invalid: value must be \"on\" or \"off\""),
-    ("trust true", "sriov", {}, with_(SRIOV, trust="true"), 7,
-     "trust: 'true' invalid: value must be \"on\" or \"off\""),
+    ("spoofchk a boolean", "sriov", {}, with_(SRIOV, spoofchk=True), 7,
+     "spoofchk: True invalid: value must be \"on\" or \"off\""),
     ("link_state up", "sriov", {}, with_(SRIOV, link_state="up"), 7,
      "link_state: 'up' invalid: value must be auto, enable or disable"),
     ("negative rate", "sriov", {}, with_(SRIOV, min_tx_rate=-1), 7,
@@ -149,10 +150,12 @@ CASES: list[tuple[str, str, dict[str, str], Any, int, str]] = [
      "runtimeConfig.infinibandGUID: '00:11' is not a GUID such as 02:00:00:00:00:00:00:01"),
     ("all-zero GUID", "ib-sriov", {}, with_(IB, args={"cni": {"guid": "00:00:00:00:00:00:00:00"}}),
      7, "args.cni.guid: the all-zero GUID is not a valid GUID"),
-    ("ib-kubernetes without GUID", "ib-sriov", {}, with_(IB, ibKubernetesEnabled=True), 7,
-     "args.cni.guid: required when ibKubernetesEnabled is true (ib-kubernetes assigns it)"),
-    ("rdmaIsolation", "ib-sriov", {}, with_(IB, rdmaIsolation=True), 2,
-     "rdmaIsolation: not supported by nicop's ib-sriov"),
+    ("ib-kubernetes without GUID", "ib-sriov", {},
+     with_(IB, ibKubernetesEnabled=True, args={"cni": {"mellanox.infiniband.app": "configured"}}),
+     7, "args.cni.guid: required when ibKubernetesEnabled is true (ib-kubernetes assigns it)"),
+    ("rdmaIsolation in shared mode", "ib-sriov", {}, with_(IB, rdmaIsolation=True), 999,
+     "rdmaIsolation: the node's RDMA subsystem network namespace mode is shared, "
+     "rdmaIsolation needs exclusive"),
     ("dhcp on InfiniBand", "ib-sriov", {}, with_(IB, ipam={"type": "dhcp"}), 7,
      "ipam.type: dhcp is not supported with InfiniBand"),
 ]
@@ -178,7 +181,7 @@ def test_the_table_is_long_enough() -> None:
 def test_version_and_unknown_plugin(daemon: CniDaemon) -> None:
     rc, out = daemon.handle("sriov", {"CNI_COMMAND": "VERSION"}, b'{"cniVersion":"1.0.0"}')
     assert (rc, json.loads(out)) == (0, {"cniVersion": "1.0.0", "supportedVersions": [
-        "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]})
+        "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]})
     rc, out = daemon.handle("macvlan", ENV, json.dumps(SRIOV).encode())
     assert rc == 1 and json.loads(out)["msg"] == "nicop cni-daemon has no plugin 'macvlan'"
 

@@ -77,6 +77,14 @@ class DevicePlugin:
     def reset_vf(self, cache: Obj) -> None:
         """Undo apply_vf from what the cache recorded (DEL)."""
 
+    def after_release(self, cache: Obj, netns: str) -> None:
+        """What DEL undoes once the netdev is back on the node."""
+
+    def check_without_result(self, req: Request) -> None:
+        """CHECK without prevResult: the upstream sriov plugins' CHECK does nothing at all."""
+        log.info("CHECK of %s/%s without prevResult: nothing to compare", req.container_id,
+                 req.ifname)
+
     def pod_mac(self, conf: Any) -> str | None:
         return None
 
@@ -130,7 +138,7 @@ class DevicePlugin:
         cache: Obj = {
             **{k: v for k, v in req.config.items() if k not in ("prevResult", "runtimeConfig")},
             "deviceID": dev.pci, "Master": dev.pf, "VFID": dev.vf_index,
-            "ContIFNames": req.ifname, "MAC": mac, "MTU": conf.mtu,
+            "ContIFNames": req.ifname, "MAC": mac, "MTU": link.mtu if link else None,
             "OrigVfState": orig_state(orig, dev.netdev or "", link.mac if link else "",
                                        link.mtu if link else 0),
             "nicop": {"containerID": req.container_id, "netns": req.netns, "temp": temp,
@@ -146,7 +154,7 @@ class DevicePlugin:
             moved = None
             if dev.netdev is not None:
                 moved = move_in(self.ctx.host_ns, pod, dev.netdev, req.ifname, temp=temp,
-                                mac=mac, mtu=conf.mtu)
+                                mac=mac)
             result = self.ctx.ipam.add(req)
             if ipam_section(req.config) is not None and not result["ips"]:
                 raise CniError(Code.INTERNAL, "IPAM plugin returned missing IP config")
@@ -247,6 +255,7 @@ class DevicePlugin:
             finally:
                 if pod is not None:
                     pod.close()
+        self.after_release(cache, netns)
         pci = str(cache.get("deviceID", ""))
         holder = host.read(self.pci_path(pci)) if pci else None
         if holder is not None and (holder in ("", netns, nic.get("netns"))
@@ -256,13 +265,14 @@ class DevicePlugin:
 
     # ------------------------------------------------------------------ CHECK, STATUS, GC
     def check(self, req: Request) -> None:
+        prev = req.config.get("prevResult")
+        if not prev:
+            self.check_without_result(req)
+            return
         cache = read_json(self.ctx.host, self.cache_path(req.container_id, req.ifname))
         if cache is None:
             raise CniError(Code.INTERNAL, f"no attachment of container {req.container_id} "
                            f"interface {req.ifname} on this node")
-        prev = req.config.get("prevResult")
-        if not prev:
-            raise config_error("prevResult", "required for CHECK")
         result = parse_result(prev)
         iface = next((i for i in result["interfaces"]
                       if i.get("name") == req.ifname and i.get("sandbox") == req.netns), None)
@@ -275,9 +285,8 @@ class DevicePlugin:
         self.ctx.ipam.check(req)
 
     def status(self, req: Request) -> None:
-        section = ipam_section(req.config)
-        if section is not None and section["type"] == "nv-ipam":
-            self.ctx.ipam.ready(req)
+        """Ready, as the upstream plugins (which implement no STATUS) always are: a pool this
+        node lacks fails the pod's ADD with a clear error, not the node's network readiness."""
 
     def gc(self, req: Request) -> None:
         valid = valid_attachments(req)

@@ -31,6 +31,7 @@ from nicop.cni.ipam import Ipam, NvIpamPlugin
 from nicop.cni.netlink import Netns
 from nicop.cni.plugin import NodeContext, Plugin
 from nicop.cni.pools import FilePools, KubePools, PoolSource
+from nicop.cni.rdma import NetlinkRdmaControl, RdmaControl, RecordingRdmaControl
 from nicop.cni.spec import (
     LATEST,
     SUPPORTED_VERSIONS,
@@ -77,7 +78,8 @@ class DaemonOptions:
     host_netns: str | None = None
     """The namespace holding the node's devices; the daemon's own when unset."""
     pf_recorder: Path | None = None
-    """Record PF-side VF settings in this directory instead of programming a PF."""
+    """Record PF-side VF settings and RDMA namespace moves in this directory instead of
+    programming a PF."""
     cleaner_interval: float = 60.0
     cleaner_checks: int = 3
     health_port: int = 0
@@ -117,7 +119,9 @@ class CniDaemon:
         self.ipam = Ipam(self.store, pools)
         vfs: VfControl = (RecordingVfControl(options.pf_recorder) if options.pf_recorder
                           else NetlinkVfControl(self.host_ns))
-        self.ctx = NodeContext(self.host, self.host_ns, vfs, self.ipam, KeyedLocks())
+        rdma: RdmaControl = (RecordingRdmaControl(options.pf_recorder) if options.pf_recorder
+                             else NetlinkRdmaControl(self.host_ns))
+        self.ctx = NodeContext(self.host, self.host_ns, vfs, self.ipam, KeyedLocks(), rdma)
         self.plugins: dict[str, Plugin] = {
             "sriov": SriovPlugin(self.ctx),
             "ib-sriov": IbSriovPlugin(self.ctx),

@@ -13,6 +13,7 @@ from nicop.cni.spec import config_error
 from nicop.node.host import Host
 
 PCI_DEVICES = "/sys/bus/pci/devices"
+AUX_DEVICES = "/sys/bus/auxiliary/devices"
 PCI_ADDRESS = re.compile(r"^(?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 USERSPACE_DRIVERS = ("vfio-pci", "uio_pci_generic", "igb_uio")
 

@@ -1,8 +1,10 @@
 """The `host-device` plugin: any node netdev into the pod, found by name, MAC, kernel path or PCI.
 
 Config as containernetworking/plugins' host-device: `device`, `hwaddr`, `kernelpath`,
-`pciBusID`, with `runtimeConfig.deviceID` (and Multus' top-level `deviceID`) standing for the
-PCI address. A device on a DPDK driver is left alone (empty result), as upstream does. The
+`pciBusID`, with `runtimeConfig.deviceID` (and Multus' top-level `deviceID`) naming a PCI
+address or an auxiliary device such as a scalable function (`mlx5_core.sf.4`, found under
+/sys/bus/auxiliary/devices). A device on a DPDK driver is left alone (empty result), as upstream
+does. An `mtu` is not applied (upstream ignores it too). The
 node name is also set as the link alias, as upstream does, so a pod attached by the upstream
 plugin can be detached by this one.
 """
@@ -12,10 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nicop.cni.attach import DevicePlugin
-from nicop.cni.devices import PciNetDevice, kernel_path_netdev, normalize_pci, pci_device
+from nicop.cni.devices import (
+    AUX_DEVICES,
+    PCI_ADDRESS,
+    PciNetDevice,
+    kernel_path_netdev,
+    normalize_pci,
+    pci_device,
+)
 from nicop.cni.netlink import find_link, get_link, move_out, open_netns
-from nicop.cni.plugin import conf_get, optional_int, parse_mac
-from nicop.cni.spec import CniError, Request, config_error
+from nicop.cni.plugin import conf_get, parse_mac
+from nicop.cni.spec import CniError, Code, Request, config_error
 from nicop.cni.state import read_json
 
 
@@ -25,7 +34,8 @@ class HostDeviceConf:
     hwaddr: str | None = None
     kernelpath: str | None = None
     pci: str | None = None
-    mtu: int | None = None
+    aux: str | None = None
+    """An auxiliary device's name, such as mlx5_core.sf.4 (a scalable function)."""
 
     @property
     def device_id(self) -> str:
@@ -56,13 +66,20 @@ class HostDevicePlugin(DevicePlugin):
                             if isinstance(runtime, dict) else None),
                            ("pciBusID", conf_get(c, "pciBusID")),
                            ("deviceID", conf_get(c, "deviceID"))):
-            if value not in (None, ""):
+            if value in (None, ""):
+                continue
+            if key != "pciBusID" and isinstance(value, str) and not PCI_ADDRESS.match(value):
+                if not self.ctx.host.exists(f"{AUX_DEVICES}/{value}"):
+                    raise config_error(key, f"runtime config DeviceID {value} not found or "
+                                       "unsupported (neither a PCI address nor a device under "
+                                       f"{AUX_DEVICES})")
+                conf.aux = value
+            else:
                 conf.pci = normalize_pci(key, value)
-                break
-        if not (conf.device or conf.hwaddr or conf.kernelpath or conf.pci):
+            break
+        if not (conf.device or conf.hwaddr or conf.kernelpath or conf.pci or conf.aux):
             raise config_error("device", 'specify either "device", "hwaddr", "kernelpath" or '
                                '"pciBusID"')
-        conf.mtu = optional_int(c, "mtu", 68, 65535)
         return conf
 
     def resolve(self, conf: HostDeviceConf) -> PciNetDevice:
@@ -80,12 +97,23 @@ class HostDevicePlugin(DevicePlugin):
             if name is None:
                 raise config_error("kernelpath", f"no network device under {conf.kernelpath}")
             return PciNetDevice(pci="", netdev=name, driver=None)
+        if conf.aux:
+            nets = self.ctx.host.listdir(f"{AUX_DEVICES}/{conf.aux}/net")
+            if not nets:
+                raise config_error("runtimeConfig.deviceID", f"auxiliary device {conf.aux} has "
+                                   "no network device (is the scalable function active?)")
+            return PciNetDevice(pci="", netdev=nets[0], driver=None)
         assert conf.pci is not None
         dev = pci_device(self.ctx.host, "pciBusID", conf.pci)
         if dev.netdev is None and not dev.userspace:
             raise config_error("pciBusID", f"failed to find device name for pci address "
                                f"{conf.pci}")
         return dev
+
+    def check_without_result(self, req: Request) -> None:
+        raise CniError(Code.INTERNAL, "Required prevResult missing",
+                       "CHECK compares the pod with the ADD result the runtime passes as "
+                       "prevResult")
 
     def delete(self, req: Request) -> None:
         cache = read_json(self.ctx.host, self.cache_path(req.container_id, req.ifname))

@@ -59,19 +59,22 @@ class Netns:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @contextmanager
-    def ipr(self) -> Iterator[Any]:
-        """An IPRoute whose socket lives in this namespace (the thread goes back at once)."""
+    def netlink_socket(self, kind: int = socket.SOCK_DGRAM, proto: int = 0) -> socket.socket:
+        """A netlink socket bound to this namespace (the thread goes back at once)."""
         own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         try:
             _setns(self.fd)
             try:
-                sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 0)
+                return socket.socket(socket.AF_NETLINK, kind, proto)
             finally:
                 _setns(own)  # a failure here leaves the thread astray: let it raise loudly
         finally:
             os.close(own)
-        ipr = IPRoute(use_socket=sock, groups=0)
+
+    @contextmanager
+    def ipr(self) -> Iterator[Any]:
+        """An IPRoute whose socket lives in this namespace."""
+        ipr = IPRoute(use_socket=self.netlink_socket(), groups=0)
         try:
             yield ipr
         finally:

@@ -8,23 +8,30 @@ from typing import Any, Protocol
 
 from nicop.cni.ipam import Ipam
 from nicop.cni.netlink import Netns
+from nicop.cni.rdma import RdmaControl
 from nicop.cni.spec import Obj, Request, config_error
 from nicop.cni.state import KeyedLocks
 from nicop.cni.vf import VfControl
 from nicop.node.host import Host
 
-MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
+# The forms Go's net.ParseMAC (which the upstream plugins use) accepts: 6-byte MAC, 8-byte
+# EUI-64 or 20-byte IPoIB address, bytes separated by ':' or '-', or 4-digit groups by '.'.
+MAC_LENGTHS = (6, 8, 20)
+MAC_BYTES = re.compile(r"^[0-9a-fA-F]{2}(?:([:-])[0-9a-fA-F]{2})(?:\1[0-9a-fA-F]{2})*$")
+MAC_DOTTED = re.compile(r"^[0-9a-fA-F]{4}(?:\.[0-9a-fA-F]{4})*$")
 
 
 @dataclass
 class NodeContext:
-    """The node as the plugins see it: its files, its namespace, its PFs and its IPAM."""
+    """The node as the plugins see it: its files, its namespace, its PFs, its RDMA devices and
+    its IPAM."""
 
     host: Host
     host_ns: Netns
     vfs: VfControl
     ipam: Ipam
     locks: KeyedLocks
+    rdma: RdmaControl
 
 
 class Plugin(Protocol):
@@ -52,13 +59,27 @@ def valid_attachments(req: Request) -> set[tuple[str, str]]:
             for a in req.config.get("cni.dev/valid-attachments") or [] if isinstance(a, dict)}
 
 
+def normalize_mac(value: str) -> str | None:
+    """`value` in netlink's form (lowercase, ':'-separated), or None if Go would refuse it."""
+    if MAC_BYTES.match(value):
+        digits = value.replace(":", "").replace("-", "")
+    elif MAC_DOTTED.match(value):
+        digits = value.replace(".", "")
+    else:
+        return None
+    if len(digits) // 2 not in MAC_LENGTHS:
+        return None
+    return ":".join(digits[i:i + 2] for i in range(0, len(digits), 2)).lower()
+
+
 def parse_mac(field_name: str, value: object) -> str | None:
     if value in (None, ""):
         return None
-    if not isinstance(value, str) or not MAC.match(value):
+    mac = normalize_mac(value) if isinstance(value, str) else None
+    if mac is None:
         raise config_error(field_name, f"{value!r} is not a MAC address such as "
                            "02:00:00:00:00:01")
-    return value.lower()
+    return mac
 
 
 def optional_int(config: Obj, key: str, lo: int, hi: int | None = None) -> int | None:

@@ -17,7 +17,7 @@ import _socket
 import os
 import sys
 
-SUPPORTED = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+SUPPORTED = ("0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 DEFAULT_SOCKET = "/run/nicop/cni.sock"
 CONF_NAME = "nicop-cni.conf"
 TRY_AGAIN_LATER = 11

@@ -1,4 +1,4 @@
-"""The CNI protocol (spec 1.0.0 and 1.1.0, with 0.3.x/0.4.0 results for older configs).
+"""The CNI protocol (spec 1.0.0 and 1.1.0, with 0.1.0 to 0.4.0 results for older configs).
 
 One place knows the environment variables each command needs, the well-known error codes, how
 CNI_ARGS are parsed, and how a result is written for the version the runtime asked for; the
@@ -14,8 +14,11 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-SUPPORTED_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+# The Go library's version.All: every plugin built on it accepts all of these.
+SUPPORTED_VERSIONS = ("0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 LATEST = "1.1.0"
+UNVERSIONED = "0.1.0"
+"""What a config without cniVersion is taken for (the Go library's ConfigDecoder)."""
 COMMANDS = ("ADD", "DEL", "CHECK", "VERSION", "STATUS", "GC")
 
 Obj = dict[str, Any]
@@ -62,17 +65,18 @@ def config_error(field_name: str, problem: str) -> CniError:
     return CniError(Code.INVALID_CONFIG, f"{field_name}: {problem}")
 
 
-# Variables each command needs (spec section "Parameters"); CNI_PATH is needed only by plugins
-# that delegate, so it is checked where delegation happens.
+# Variables each command needs, as the Go library's skel checks them (stricter than the spec's
+# "Parameters" table: CNI_PATH too), so a runtime that works with upstream works here.
 REQUIRED_ENV = {
-    "ADD": ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"),
-    "CHECK": ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"),
-    "DEL": ("CNI_CONTAINERID", "CNI_IFNAME"),
-    "GC": (),
-    "STATUS": (),
+    "ADD": ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"),
+    "CHECK": ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"),
+    "DEL": ("CNI_CONTAINERID", "CNI_IFNAME", "CNI_PATH"),
+    "GC": ("CNI_PATH",),
+    "STATUS": ("CNI_PATH",),
     "VERSION": (),
 }
 CONTAINER_ID = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
+NETWORK_NAME = CONTAINER_ID  # the Go library's ValidateNetworkName uses the same pattern
 KNOWN_ARGS = frozenset({
     "IgnoreUnknown", "K8S_POD_NAMESPACE", "K8S_POD_NAME", "K8S_POD_INFRA_CONTAINER_ID",
     "K8S_POD_UID", "MAC", "IP", "GATEWAY",
@@ -105,7 +109,7 @@ class Request:
 
     @property
     def version(self) -> str:
-        return str(self.config.get("cniVersion") or LATEST)
+        return str(self.config.get("cniVersion") or UNVERSIONED)
 
     @property
     def name(self) -> str:
@@ -152,6 +156,17 @@ def validate_ifname(name: str) -> None:
                        f"CNI_IFNAME: interface name {name!r} contains / or : or whitespace")
 
 
+def validate_name(name: object) -> None:
+    """The network name every command but VERSION needs (skel's validateConfig)."""
+    if not name:
+        raise CniError(Code.INVALID_CONFIG, "missing network name",
+                       "set \"name\" in the network configuration (Multus and libcni copy it "
+                       "from the NetworkAttachmentDefinition or the conflist)")
+    if not isinstance(name, str) or not NETWORK_NAME.match(name):
+        raise CniError(Code.INVALID_CONFIG, "invalid characters found in network name",
+                       str(name))
+
+
 def parse_request(plugin: str, env: dict[str, str], stdin: bytes) -> Request:
     """Validate the environment and the config as the spec orders it; raise CniError."""
     command = env.get("CNI_COMMAND", "")
@@ -188,7 +203,8 @@ def parse_request(plugin: str, env: dict[str, str], stdin: bytes) -> Request:
     req.config = config
     if command == "VERSION":
         return req
-    version = config.get("cniVersion") or "0.1.0"  # what libcni assumes when it is missing
+    validate_name(config.get("name"))
+    version = config.get("cniVersion") or UNVERSIONED
     if not isinstance(version, str) or version not in SUPPORTED_VERSIONS:
         raise CniError(Code.INCOMPATIBLE_VERSION, "incompatible CNI versions",
                        f"config is {version!r}, plugin supports {list(SUPPORTED_VERSIONS)}")
@@ -200,6 +216,7 @@ def parse_request(plugin: str, env: dict[str, str], stdin: bytes) -> Request:
 
 
 def version_reply(config: Obj) -> Obj:
+    """VERSION: the versions this plugin accepts, answered in the version asked for."""
     requested = config.get("cniVersion")
     version = requested if requested in SUPPORTED_VERSIONS else LATEST
     return {"cniVersion": version, "supportedVersions": list(SUPPORTED_VERSIONS)}
@@ -218,15 +235,17 @@ def _ordered(item: Obj, keys: tuple[str, ...], drop: tuple[str, ...]) -> Obj:
 
 
 def render_result(result: Obj, version: str) -> Obj:
-    """The result as the spec of `version` writes it, keys in the Go library's order.
+    """The result as the Go library prints it for `version`, keys in its order.
 
-    Fields that version does not know are left out; 0.3.x/0.4.0 add ips[].version. Like the
-    Go library, `dns` is always present.
+    1.0.0 and 1.1.0 share one Go type, so a 1.0.0 result keeps the interface `mtu`, `pciID` and
+    `socketPath` and the route extras; 0.3.x/0.4.0 drop them and add ips[].version; 0.1.0/0.2.0
+    have their own shape (see _render_02x). Like the Go library, `dns` is always present.
     """
+    if version_tuple(version) < (0, 3, 0):
+        return _render_02x(result, version)
     legacy = version_tuple(version) < (1, 0, 0)
-    new = version_tuple(version) >= (1, 1, 0)
     out: Obj = {"cniVersion": version}
-    interfaces = [_ordered(i, INTERFACE_KEYS, () if new else INTERFACE_11)
+    interfaces = [_ordered(i, INTERFACE_KEYS, INTERFACE_11 if legacy else ())
                   for i in result.get("interfaces") or []]
     if interfaces:
         out["interfaces"] = interfaces
@@ -241,18 +260,51 @@ def render_result(result: Obj, version: str) -> Obj:
         ips.append(item)
     if ips:
         out["ips"] = ips
-    routes = [_ordered(r, ROUTE_KEYS, () if new else ROUTE_11) for r in result.get("routes") or []]
+    routes = [_ordered(r, ROUTE_KEYS, ROUTE_11 if legacy else ())
+              for r in result.get("routes") or []]
     if routes:
         out["routes"] = routes
     out["dns"] = {k: v for k, v in (result.get("dns") or {}).items() if v}
     return out
 
 
+def _render_02x(result: Obj, version: str) -> Obj:
+    """A 0.1.0/0.2.0 result: the first IPv4 and IPv6 address as `ip4`/`ip6`, each with the
+    routes of its family; no interfaces. As in the Go library, a result without any address
+    cannot be written in this shape."""
+    out: Obj = {"cniVersion": version}
+    for ip in result.get("ips") or []:
+        key = "ip6" if ":" in ip["address"] else "ip4"
+        if key not in out:
+            out[key] = {"ip": ip["address"], **({"gateway": ip["gateway"]}
+                                                if ip.get("gateway") else {})}
+    if "ip4" not in out and "ip6" not in out:
+        raise CniError(Code.INTERNAL, "cannot convert: no valid IP addresses",
+                       f"a cniVersion {version} result carries only IP addresses; give the "
+                       "network an ipam section, or use cniVersion 0.3.0 or later")
+    for route in result.get("routes") or []:
+        key = "ip6" if ":" in route["dst"] else "ip4"
+        if key in out:
+            out[key].setdefault("routes", []).append(
+                {k: route[k] for k in ("dst", "gw") if route.get(k)})
+    out = {k: out[k] for k in ("cniVersion", "ip4", "ip6") if k in out}
+    out["dns"] = {k: v for k, v in (result.get("dns") or {}).items() if v}
+    return out
+
+
 def parse_result(data: Obj) -> Obj:
-    """A result of any supported version (a prevResult, a delegate's answer) in 1.1.0 shape."""
+    """A result of any supported version (a prevResult, a delegate's answer) in 1.1.0 shape;
+    0.1.0/0.2.0 `ip4`/`ip6` become `ips` and `routes`, as the Go library converts them."""
     if not isinstance(data, dict):
         raise CniError(Code.DECODING_FAILURE, "a CNI result must be a JSON object")
     out: Obj = {"interfaces": [], "ips": [], "routes": [], "dns": dict(data.get("dns") or {})}
+    for key in ("ip4", "ip6"):  # a 0.1.0/0.2.0 result (an IPAM plugin run for such a config)
+        legacy = data.get(key)
+        if isinstance(legacy, dict) and legacy.get("ip"):
+            data = {**data, "ips": [*(data.get("ips") or []), {
+                k: v for k, v in (("address", legacy["ip"]),
+                                  ("gateway", legacy.get("gateway"))) if v}]}
+            data["routes"] = [*(data.get("routes") or []), *(legacy.get("routes") or [])]
     for iface in data.get("interfaces") or []:
         out["interfaces"].append(dict(iface))
     for ip in data.get("ips") or []:

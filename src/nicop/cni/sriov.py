@@ -9,11 +9,15 @@ can switch plugins with pods running.
 
 Unlike upstream, the cache is written before the VF moves: a daemon killed halfway leaves
 enough behind for DEL (or GC) to find the VF, wherever it was left, and put it back.
+
+As upstream, an `mtu` in the netconf is not applied: the VF keeps the MTU the node gave it (the
+SR-IOV policy sets it on the PF), and the result reports that MTU.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 from nicop.cni.attach import DevicePlugin
 from nicop.cni.devices import PciNetDevice, normalize_pci
 from nicop.cni.plugin import conf_get, optional_int, parse_mac
+from nicop.cni.rdma import EXCLUSIVE
 from nicop.cni.spec import CniError, Code, Obj, Request, config_error
 from nicop.cni.state import write_json
 from nicop.cni.vf import ETH_P_8021AD, ETH_P_8021Q, LINK_STATES, VfState
@@ -34,12 +39,16 @@ ALL_F_GUID = "ff:ff:ff:ff:ff:ff:ff:ff"
 
 
 def _on_off(config: Obj, key: str) -> bool | None:
+    """sriov-cni's reading of spoofchk/trust: "on" turns it on, any other string off."""
     value = conf_get(config, key)
     if value in (None, ""):
         return None
-    if value not in ("on", "off"):
+    if not isinstance(value, str):
         raise config_error(key, f"{value!r} invalid: value must be \"on\" or \"off\"")
-    return bool(value == "on")
+    if value not in ("on", "off"):
+        log.warning("%s: %r is not \"on\" or \"off\"; taken as \"off\", as sriov-cni does",
+                    key, value)
+    return value == "on"
 
 
 def _link_state(config: Obj) -> int | None:
@@ -74,7 +83,6 @@ class SriovConf:
     link_state: int | None = None
     min_tx_rate: int | None = None
     max_tx_rate: int | None = None
-    mtu: int | None = None
 
 
 def parse_sriov(req: Request) -> SriovConf:
@@ -113,7 +121,6 @@ def parse_sriov(req: Request) -> SriovConf:
     if conf.min_tx_rate and conf.max_tx_rate and conf.max_tx_rate < conf.min_tx_rate:
         raise config_error("max_tx_rate", f"{conf.max_tx_rate} is below min_tx_rate "
                            f"{conf.min_tx_rate} (0 means unlimited)")
-    conf.mtu = optional_int(c, "mtu", 68, 65535)
     return conf
 
 
@@ -182,11 +189,17 @@ class IbConf:
     device_id: str
     guid: str | None = None
     link_state: int | None = None
-    mtu: int | None = None
+    rdma_isolation: bool = False
+
+
+IB_KUBERNETES_MARKER = "mellanox.infiniband.app"
+"""The args.cni key ib-kubernetes sets to "configured" once the GUID is in the subnet manager."""
+IB_CONFIGURED = "configured"
 
 
 class IbSriovPlugin(DevicePlugin):
-    """`type: ib-sriov` (ib-sriov-cni): an InfiniBand VF with its GUID."""
+    """`type: ib-sriov` (ib-sriov-cni): an InfiniBand VF with its GUID and, with
+    `rdmaIsolation`, its RDMA device in the pod's namespace."""
 
     cache_dir = "/var/lib/cni/ib-sriov"
 
@@ -196,6 +209,13 @@ class IbSriovPlugin(DevicePlugin):
         runtime = c.get("runtimeConfig") or {}
         args_cni = ((c.get("args") or {}).get("cni") or {}) if isinstance(c.get("args"),
                                                                             dict) else {}
+        if conf_get(c, "ibKubernetesEnabled") and \
+                args_cni.get(IB_KUBERNETES_MARKER) != IB_CONFIGURED:
+            raise CniError(Code.TRY_AGAIN_LATER,
+                           f"args.cni: InfiniBand status \"{IB_KUBERNETES_MARKER}\" is not "
+                           f"\"{IB_CONFIGURED}\" (ibKubernetesEnabled is true)",
+                           "ib-kubernetes sets it once the pod's GUID is in the subnet manager; "
+                           "check the ib-kubernetes pod, or set ibKubernetesEnabled to false")
         guid = (runtime.get("infinibandGUID") if isinstance(runtime, dict) else None) \
             or args_cni.get("guid")
         where = "runtimeConfig.infinibandGUID" if isinstance(runtime, dict) and \
@@ -210,34 +230,83 @@ class IbSriovPlugin(DevicePlugin):
         elif conf_get(c, "ibKubernetesEnabled"):
             raise config_error("args.cni.guid", "required when ibKubernetesEnabled is true "
                                "(ib-kubernetes assigns it)")
-        if conf_get(c, "rdmaIsolation"):
-            raise CniError(Code.UNSUPPORTED_FIELD, "rdmaIsolation: not supported by nicop's "
-                           "ib-sriov", "remove it, or use upstream ib-sriov-cni for this network")
+        conf.rdma_isolation = bool(conf_get(c, "rdmaIsolation"))
+        if conf.rdma_isolation:
+            mode = self.ctx.rdma.netns_mode()
+            if mode != EXCLUSIVE:
+                raise CniError(Code.INTERNAL, f"rdmaIsolation: the node's RDMA subsystem "
+                               f"network namespace mode is {mode}, rdmaIsolation needs "
+                               f"{EXCLUSIVE}", "run `rdma system set netns exclusive` on the "
+                               "node (and set ib_core netns_mode=0 to keep it across reboots), "
+                               "or set rdmaIsolation to false")
         section = c.get("ipam")
         if isinstance(section, dict) and section.get("type") == "dhcp":
             raise config_error("ipam.type", "dhcp is not supported with InfiniBand")
         conf.link_state = _link_state(c)
-        conf.mtu = optional_int(c, "mtu", 68, 65535)
         return conf
 
     def apply_vf(self, conf: IbConf, dev: PciNetDevice, orig: VfState | None,
                  cache: Obj) -> None:
+        """ib-sriov-cni's order: link state, GUID (and the rebind it needs), then the RDMA
+        device into the pod, before the netdev follows it."""
         if dev.pf is None or dev.vf_index is None:
             if conf.guid or conf.link_state is not None:
                 raise config_error("deviceID", f"{dev.pci} is not a VF (no physfn)")
+        else:
+            if conf.link_state is not None:
+                self.ctx.vfs.set_link_state(dev.pf, dev.vf_index, conf.link_state)
+            if conf.guid:
+                cache["OrigVfState"]["GUID"] = self._current_guid(dev, orig)
+                cache["GUID"] = conf.guid
+                self._save(cache)
+                self.ctx.vfs.set_guid(dev.pf, dev.vf_index, conf.guid)
+                if self._rebind(dev):
+                    cache["OrigVfState"]["HostIFName"] = dev.netdev
+                    self._save(cache)
+            elif dev.netdev is not None:
+                self._check_guid(dev)
+        if conf.rdma_isolation:
+            self._isolate_rdma(dev, cache)
+
+    def _save(self, cache: Obj) -> None:
+        write_json(self.ctx.host, self.cache_path(cache["nicop"]["containerID"],
+                                                  cache["ContIFNames"]), cache)
+
+    def _check_guid(self, dev: PciNetDevice) -> None:
+        """Without a GUID to set, the VF must already have one the subnet manager can use."""
+        mac = self.ctx.host.read(f"/sys/class/net/{dev.netdev}/address") or ""
+        guid = ":".join(mac.split(":")[12:]) if mac.count(":") == 19 else ""
+        if not guid or guid.lower() in (ZERO_GUID, ALL_F_GUID):
+            raise CniError(Code.INTERNAL, f"deviceID: VF {dev.pci} ({dev.netdev}) GUID is not "
+                           f"valid ({guid or 'no IPoIB address'})",
+                           "give one in runtimeConfig.infinibandGUID or args.cni.guid, or let "
+                           "ib-kubernetes assign it (ibKubernetesEnabled: true)")
+
+    def _isolate_rdma(self, dev: PciNetDevice, cache: Obj) -> None:
+        names = self.ctx.host.listdir(f"/sys/bus/pci/devices/{dev.pci}/infiniband")
+        if len(names) != 1:
+            raise CniError(Code.INTERNAL, f"rdmaIsolation: VF {dev.pci} has "
+                           f"{len(names) or 'no'} RDMA devices {names or ''}, expected exactly "
+                           "one", "is mlx5_ib loaded and the VF bound to mlx5_core?")
+        netns = str(cache["nicop"]["netns"])
+        cache["RdmaNetState"] = {"version": "1.0", "deviceID": dev.pci,
+                                 "sandboxRdmaDevName": names[0],
+                                 "containerRdmaDevName": names[0]}
+        cache["nicop"]["rdmaMoved"] = False
+        self._save(cache)
+        self.ctx.rdma.move(names[0], "", netns)
+        cache["nicop"]["rdmaMoved"] = True
+        self._save(cache)
+
+    def after_release(self, cache: Obj, netns: str) -> None:
+        """The RDMA device back to the node, after its netdev (ib-sriov-cni's DEL order). A
+        namespace already gone has given it back by itself."""
+        state = cache.get("RdmaNetState") or {}
+        name = state.get("containerRdmaDevName")
+        moved = (cache.get("nicop") or {}).get("rdmaMoved", True)
+        if not name or not moved or not netns or not os.path.exists(netns):
             return
-        if conf.guid:
-            cache["OrigVfState"]["GUID"] = self._current_guid(dev, orig)
-            cache["GUID"] = conf.guid
-            write_json(self.ctx.host, self.cache_path(cache["nicop"]["containerID"],
-                                                      cache["ContIFNames"]), cache)
-            self.ctx.vfs.set_guid(dev.pf, dev.vf_index, conf.guid)
-            if self._rebind(dev):
-                cache["OrigVfState"]["HostIFName"] = dev.netdev
-                write_json(self.ctx.host, self.cache_path(cache["nicop"]["containerID"],
-                                                          cache["ContIFNames"]), cache)
-        if conf.link_state is not None:
-            self.ctx.vfs.set_link_state(dev.pf, dev.vf_index, conf.link_state)
+        self.ctx.rdma.move(str(name), netns, "")
 
     def _current_guid(self, dev: PciNetDevice, orig: VfState | None) -> str:
         """The VF's GUID now: the last 8 bytes of its 20-byte IPoIB address."""
