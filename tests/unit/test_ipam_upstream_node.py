@@ -154,14 +154,17 @@ def test_a_static_ip_does_not_move_the_round_robin_pointer(ipam: Ipam) -> None:
 
 def test_a_second_add_for_the_same_container_and_interface_is_refused(ipam: Ipam) -> None:
     """handlers_test.go "Allocation failed: already allocated" with allocate.go's message: the
-    store refuses a second reservation for id1/net0; the first one stays."""
+    store refuses a second reservation for id1/net0 (here made for another pod); the first one
+    stays. The same pod's ADD again (a retry after the daemon died mid-ADD) gets the same
+    addresses back, where nv-ipam refuses it too."""
     first = add(ipam, "pool1,pool2")
     with pytest.raises(CniError) as e:
-        add(ipam, "pool1,pool2")
+        add(ipam, "pool1,pool2", cni_args=";K8S_POD_NAME=other-pod")
     assert e.value.msg == 'allocation already exist in the pool "pool1", poolType "ippool"'
-    assert "holds 192.168.0.2" in e.value.details
+    assert "holds 192.168.0.2 for pod default/test-pod" in e.value.details
     assert [r.ip_address for r in ipam.store.snapshot()["pool1"]] == ["192.168.0.2"]
     assert first["ips"][1] == {"address": "10.100.0.2/16", "gateway": "10.100.0.1"}
+    assert add(ipam, "pool1,pool2") == first
 
 
 def conf(tmp_path: Path, file: str, stdin: str, args: str = "") -> Request:

@@ -5,9 +5,9 @@ defaults from `nv-ipam.conf` in the IPAM conf dir, static addresses from `runtim
 `args.cni.ips` or CNI_ARGS `IP=`) allocates from this node's block of each pool, round-robin after
 the last address handed out (a static address does not move that pointer), and keeps the
 allocation in the node-local store before answering. As nv-ipam: a static address that fits none
-of the requested pools fails the ADD, a second ADD for the same container and interface is
-refused (the first allocation stays), and the pool's own gateway handed out as an address
-(allocateDefaultGateway) comes without gateway and routes.
+of the requested pools fails the ADD, a second ADD for the same container and interface by
+another pod is refused (the same pod retrying gets its address back), and the pool's own gateway
+handed out as an address (allocateDefaultGateway) comes without gateway and routes.
 """
 
 from __future__ import annotations
@@ -234,8 +234,9 @@ class Ipam:
 
     def allocate(self, req: Request, device_id: str = "") -> Obj:
         """ADD for nv-ipam: one address per pool, stored before the answer. A second ADD for
-        the same container and interface is refused as nv-ipam refuses it; the first
-        allocation stays."""
+        the same container and interface is refused as nv-ipam refuses it (the first allocation
+        stays), unless it is the same pod's ADD again (a runtime retrying after the daemon
+        died mid-ADD, as error 11 invites): that one gets the same address back."""
         conf = self.parse(req)
         pools = self._pool_configs(conf)
         self._check_statics(pools, conf)
@@ -243,24 +244,27 @@ class Ipam:
         result = empty_result()
         with self.lock, self.store.transaction():
             for pool in pools:
-                held = self.store.get(pool.key, req.container_id, req.ifname)
-                if held is not None:
+                res = self.store.get(pool.key, req.container_id, req.ifname)
+                if res is not None and (res.pod_namespace, res.pod_name, res.pod_uuid,
+                                        res.network) != (namespace, name, uid, req.name):
                     raise CniError(
                         Code.INTERNAL, f"allocation already exist in the pool \"{pool.name}\", "
                         f"poolType \"{pool.kind}\"",
                         f"container {req.container_id} interface {req.ifname} holds "
-                        f"{held.ip_address}; DEL it before adding it again")
-                static = self._static_for(pool, conf)
-                ip = self._pick(pool, self.store.reserved(pool.key), conf, static)
-                res = Reservation(
-                    container_id=req.container_id, interface_name=req.ifname,
-                    ip_address=str(ip), pod_name=name, pod_namespace=namespace,
-                    pod_uuid=uid, device_id=device_id or str(req.config.get("deviceID", "")),
-                    pool_config_snapshot=pool.snapshot(), network=req.name,
-                )
-                chosen = static is not None or conf.default_gateway_as_ip \
-                    or conf.ip_index is not None
-                self.store.reserve(pool.key, res, pool.snapshot(), move_pointer=not chosen)
+                        f"{res.ip_address} for pod {res.pod_namespace}/{res.pod_name}; DEL it "
+                        "before adding it again")
+                if res is None:
+                    static = self._static_for(pool, conf)
+                    ip = self._pick(pool, self.store.reserved(pool.key), conf, static)
+                    res = Reservation(
+                        container_id=req.container_id, interface_name=req.ifname,
+                        ip_address=str(ip), pod_name=name, pod_namespace=namespace,
+                        pod_uuid=uid, device_id=device_id or str(req.config.get("deviceID", "")),
+                        pool_config_snapshot=pool.snapshot(), network=req.name,
+                    )
+                    chosen = static is not None or conf.default_gateway_as_ip \
+                        or conf.ip_index is not None
+                    self.store.reserve(pool.key, res, pool.snapshot(), move_pointer=not chosen)
                 entry: Obj = {"address": f"{res.ip_address}/{pool.subnet.prefixlen}"}
                 if pool.gateway is not None and not conf.default_gateway_as_ip:
                     # as nv-ipam: the gateway's own address gets no gateway and no routes
