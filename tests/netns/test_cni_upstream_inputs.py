@@ -75,6 +75,14 @@ def test_rdma_isolation_moves_the_rdma_device_into_the_pod(node: Node) -> None:
     assert vf.netdev in links(node.netns) and node.pf_calls() == []
 
     rdma.set_netns_mode("exclusive")
+    taken = node.pod()  # a pod that already has net1: the ADD fails after the RDMA move
+    subprocess.run(["ip", "-n", taken.rsplit("/", 1)[1], "link", "add", "net1", "type",
+                    "veth", "peer", "name", "other"], check=True)
+    failed = node.cni("ib-sriov", "ADD", config, netns=taken, container_id="c0")
+    assert (failed.rc, failed.out["code"]) == (1, 4), failed.out
+    assert rdma.namespaces() == {device: ""}, "the failed ADD gave the RDMA device back"
+    assert vf.netdev in links(node.netns) and node.cache_files() == []
+
     add = node.cni("ib-sriov", "ADD", config, netns=pod)
     assert add.rc == 0, add.out
     assert add.out["ips"] == [{"version": "4", "interface": 0, "address": "10.56.217.171/24",
