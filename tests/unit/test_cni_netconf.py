@@ -112,7 +112,8 @@ CASES: list[tuple[str, str, dict[str, str], Any, int, str]] = [
      "ipam.type: IPAM plugin 'host-local' not found in CNI_PATH /opt/cni/bin"),
     ("static IP outside the pool", "sriov", {"CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAME=p;"
                                              "K8S_POD_NAMESPACE=n;IP=10.9.9.9"}, SRIOV, 7,
-     "static IP: 10.9.9.9 is not in pool pool1 (10.1.0.0/24)"),
+     "not all requested static IPs can be allocated from the ranges available on the node, "
+     "ip 10.9.9.9 has no matching Pool"),
     ("negative allocateIPWithIndex", "sriov", {},
      with_(SRIOV, args={"cni": {"allocateIPWithIndex": -1}}), 7,
      "args.cni.allocateIPWithIndex: must be a non-negative integer"),
