@@ -8,12 +8,12 @@ field manager, watches with bookmarks, metadata-only lists, and the Eviction API
 from __future__ import annotations
 
 import collections
-import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import httpx2 as httpx
+import orjson
 from lightkube.config import client_adapter
 from lightkube.config.kubeconfig import KubeConfig
 from prometheus_client import Counter
@@ -103,7 +103,7 @@ class ApiClient:
         accept: str = "application/json",
     ) -> Obj:
         self._count(verb, res)
-        content = None if body is None else json.dumps(body)
+        content = None if body is None else orjson.dumps(body)
         headers = {"Accept": accept}
         if content is not None:
             headers["Content-Type"] = content_type
@@ -114,7 +114,7 @@ class ApiClient:
             raise Unreachable(e) from None
         if resp.status_code >= 400:
             raise _error(resp.status_code, resp.content)
-        return resp.json() if resp.content else {}
+        return orjson.loads(resp.content) if resp.content else {}
 
     # ------------------------------------------------------------------ reads
     async def get(self, res: Resource, name: str, namespace: str | None = None) -> Obj:
@@ -193,11 +193,9 @@ class ApiClient:
                 if on_open is not None:
                     on_open()
                 received = WATCH_BYTES.labels(res.plural)
-                async for line in resp.aiter_lines():
-                    if not line:
-                        continue
+                async for line in _lines(resp):
                     received.inc(len(line))
-                    event = json.loads(line)
+                    event = orjson.loads(line)
                     if event["type"] == "ERROR":
                         status = event["object"]
                         raise ApiError(status.get("code", 500), status.get("reason", ""),
@@ -285,9 +283,22 @@ class ApiClient:
         await self._send("evict", POD, "POST", POD.path(namespace, name) + "/eviction", body=body)
 
 
+async def _lines(resp: httpx.Response) -> AsyncIterator[bytes]:
+    """The non-empty lines of a streamed answer, as bytes: a watch sends one event a line, and
+    decoding them from bytes skips a text pass over every event."""
+    rest = b""
+    async for chunk in resp.aiter_bytes():
+        *lines, rest = (rest + chunk).split(b"\n")
+        for line in lines:
+            if line:
+                yield line
+    if rest.strip():
+        yield rest
+
+
 def _error(code: int, content: bytes) -> ApiError:
     try:
-        status = json.loads(content)
+        status = orjson.loads(content)
         return ApiError(code, status.get("reason", ""), status.get("message", content.decode()))
     except (ValueError, AttributeError):
         return ApiError(code, "", content.decode(errors="replace"))

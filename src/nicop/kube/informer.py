@@ -21,6 +21,13 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[str, Obj, Obj | None], None]
 IndexFunc = Callable[[Obj], Iterable[str]]
+Transform = Callable[[Obj], Obj]
+
+
+def without_managed_fields(obj: Obj) -> Obj:
+    """No controller reads managedFields, and they are often the largest part of an object."""
+    obj.get("metadata", {}).pop("managedFields", None)
+    return obj
 
 
 class Store:
@@ -93,8 +100,12 @@ class Informer:
         field_selector: str | None = None,
         metadata_only: bool = False,
         watch_timeout: int = 300,
+        transform: Transform = without_managed_fields,
     ) -> None:
+        """`transform` trims each object before it is cached (as client-go's SetTransform):
+        keep only what the informer's readers use, and a big cluster fits in little memory."""
         self.client = client
+        self.transform = transform
         self.res = res
         self.namespace = namespace
         self.label_selector = label_selector
@@ -120,7 +131,7 @@ class Informer:
         version the watch already brought (someone else's later write) is kept."""
         current = self.store.get(key_of(obj))
         if current is None or not _older(obj, current):
-            self.store.put(obj)
+            self.store.put(self.transform(obj))
 
     def _emit(self, event: str, obj: Obj, old: Obj | None) -> None:
         for handler in self._handlers:
@@ -139,7 +150,7 @@ class Informer:
     async def _relist(self) -> None:
         items, self._rv = await self.client.list(self.res, self.namespace, **self._selectors())
         seen = set()
-        for obj in items:
+        for obj in map(self.transform, items):
             seen.add(key_of(obj))
             old = self.store.put(obj)
             if old is None:
@@ -175,6 +186,7 @@ class Informer:
                     self._rv = obj.get("metadata", {}).get("resourceVersion", self._rv)
                     if event == "BOOKMARK":
                         continue
+                    obj = self.transform(obj)
                     if event == "DELETED":
                         self.store.remove(key_of(obj))
                         self._emit("DELETED", obj, obj)

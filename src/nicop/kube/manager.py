@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from prometheus_client import Counter, Gauge, Histogram
 
 from nicop.kube.client import ApiClient
-from nicop.kube.informer import Informer
+from nicop.kube.informer import Informer, Transform, without_managed_fields
 from nicop.kube.leader import LeaderElector
 from nicop.kube.resources import Resource
 from nicop.kube.serve import serve
@@ -79,8 +79,11 @@ class Manager:
         *,
         elector: LeaderElector | None = None,
         health_address: tuple[str, int] | None = None,
+        transforms: dict[Resource, Transform] | None = None,
     ) -> None:
+        """`transforms` trim the cached objects of a kind to what the controllers read."""
         self.client = client
+        self.transforms = transforms or {}
         self.elector = elector
         self.health_address = health_address
         self.informers: dict[tuple[Resource, str | None, str | None, str | None, bool],
@@ -104,6 +107,7 @@ class Manager:
             self.informers[key] = Informer(
                 self.client, res, namespace, label_selector=label_selector,
                 field_selector=field_selector, metadata_only=metadata_only,
+                transform=self.transforms.get(res, without_managed_fields),
             )
         return self.informers[key]
 

@@ -13,6 +13,8 @@ from collections import OrderedDict
 from prometheus_client import Gauge
 
 QUEUE_DEPTH = Gauge("nicop_workqueue_depth", "Keys waiting in a work queue", ["queue"])
+# How long events of the many (nodes, pods) are gathered before their one reconcile.
+BATCH_DELAY = 0.5
 
 
 class WorkQueue:
@@ -60,6 +62,11 @@ class WorkQueue:
     def _fire(self, key: str) -> None:
         self._timers.pop(key, None)
         self.add(key)
+
+    def add_batched(self, key: str) -> None:
+        """Queue `key` within BATCH_DELAY: a burst of events (a thousand nodes relabelled, pods
+        turning ready one by one) costs one reconcile, not one per event."""
+        self.add_after(key, BATCH_DELAY)
 
     def add_rate_limited(self, key: str) -> float:
         """Queue after a delay that doubles with each consecutive failure of `key`."""

@@ -386,7 +386,7 @@ class IpamController:
         self.pools: dict[str, Informer] = {
             kind: manager.informer(res, namespace) for kind, (res, _) in KINDS.items()
         }
-        self.nodes = manager.informer(NODE, metadata_only=True)
+        self.nodes = manager.informer(NODE)  # labels only; shared with the other controllers
         self.controller = manager.add(Controller("nv-ipam-pools", self.reconcile))
         for kind, informer in self.pools.items():
             informer.on_change(self._pool_changed(kind))
@@ -403,7 +403,7 @@ class IpamController:
             return
         for kind, informer in self.pools.items():
             for pool in informer.store.items():
-                self.controller.queue.add(f"{kind}/{key_of(pool)}")
+                self.controller.queue.add_batched(f"{kind}/{key_of(pool)}")
 
     async def reconcile(self, key: str) -> Result | None:
         kind, _, pool_key = key.partition("/")

@@ -93,16 +93,17 @@ class PolicyController:
         queue = self.controller.queue
         self.policies.on_change(lambda ev, obj, old: queue.add(obj["metadata"]["name"]))
         self.nodes.on_change(self._node_changed)
-        self.driver_pods.on_change(lambda ev, obj, old: queue.add(POLICY_NAME))
+        # Pods and DaemonSet statuses change in bursts on a big cluster: one reconcile a burst.
+        self.driver_pods.on_change(lambda ev, obj, old: queue.add_batched(POLICY_NAME))
         for informer in self.owned.values():
-            informer.on_change(lambda ev, obj, old: queue.add(POLICY_NAME))
+            informer.on_change(lambda ev, obj, old: queue.add_batched(POLICY_NAME))
 
     def _node_changed(self, event: str, node: Obj, old: Obj | None) -> None:
         """Labels and taints decide what runs where; heartbeats change nothing here."""
         if event != "MODIFIED" or labels_of(node) != labels_of(
                 old or {}) or (node.get("spec") or {}).get("taints") != ((old or {}).get(
                 "spec") or {}).get("taints"):
-            self.controller.queue.add(POLICY_NAME)
+            self.controller.queue.add_batched(POLICY_NAME)
 
     # ------------------------------------------------------------------ reconcile
     async def reconcile(self, key: str) -> Result | None:

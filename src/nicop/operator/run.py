@@ -13,6 +13,7 @@ from nicop.kube.client import ApiClient
 from nicop.kube.events import EventRecorder
 from nicop.kube.leader import LeaderElector
 from nicop.kube.manager import Manager
+from nicop.operator.caches import TRANSFORMS
 from nicop.operator.cni_daemon import CniDaemonController
 from nicop.operator.ipam import IpamController
 from nicop.operator.networks import NetworkController
@@ -46,7 +47,8 @@ async def run(
             renew_deadline=lease_duration * 2 / 3,
             retry_period=max(lease_duration / 7.5, 0.2),
         )
-    manager = Manager(client, elector=elector, health_address=health_address)
+    manager = Manager(client, elector=elector, health_address=health_address,
+                      transforms=TRANSFORMS)
     recorder = EventRecorder(client)
     cni_bin_dir = os.environ.get("CNI_BIN_DIR", "/opt/cni/bin")
     PolicyController(

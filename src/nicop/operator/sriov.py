@@ -446,12 +446,12 @@ class SriovPolicyController:
                 "interfaces") != (old.get("status") or {}).get("interfaces") or state.get(
                 "spec") != old.get("spec") or state["metadata"].get("ownerReferences") != old[
                 "metadata"].get("ownerReferences"):
-            self.controller.queue.add(self.KEY)
+            self.controller.queue.add_batched(self.KEY)
 
     def _node_changed(self, event: str, node: Obj, old: Obj | None) -> None:
         if event != "MODIFIED" or old is None or node["metadata"].get("labels") != old[
                 "metadata"].get("labels"):
-            self.controller.queue.add(self.KEY)
+            self.controller.queue.add_batched(self.KEY)
 
     # ------------------------------------------------------------------ reconcile
     async def reconcile(self, key: str) -> Result | None:

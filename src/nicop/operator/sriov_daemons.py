@@ -147,10 +147,11 @@ class SriovDaemonsController:
         self.configs = manager.informer(OPERATOR_CONFIG, namespace)
         self.policies = manager.informer(POLICY, namespace)
         self.states = manager.informer(NODE_STATE, namespace)
-        self.nodes = manager.informer(NODE, metadata_only=True)
+        self.nodes = manager.informer(NODE)  # labels only; shared with the other controllers
         self.controller = manager.add(Controller(self.KEY, self.reconcile))
-        for informer in (self.configs, self.policies, self.states):
+        for informer in (self.configs, self.policies):
             informer.on_change(lambda ev, obj, old: self.controller.queue.add(self.KEY))
+        self.states.on_change(lambda ev, obj, old: self.controller.queue.add_batched(self.KEY))
         self.components = Components(manager, namespace, (CONFIG_DAEMON, DEVICE_PLUGIN),
                                      lambda name: self.controller.queue.add(self.KEY))
 

@@ -191,8 +191,9 @@ class SriovDrainController:
         self.pods.store.add_index(POD_NODE_INDEX,
                                   lambda p: [(p.get("spec") or {}).get("nodeName") or ""])
         self.controller = manager.add(Controller("sriov-drain", self.reconcile))
-        for informer in (self.states, self.pools, self.configs):
+        for informer in (self.pools, self.configs):
             informer.on_change(lambda ev, obj, old: self.controller.queue.add(self.KEY))
+        self.states.on_change(lambda ev, obj, old: self.controller.queue.add_batched(self.KEY))
         self.nodes.on_change(self._node_changed)
         self.pods.on_change(self._pod_changed)
         self._blocked_events: dict[str, str] = {}
@@ -200,14 +201,14 @@ class SriovDrainController:
     def _node_changed(self, event: str, node: Obj, old: Obj | None) -> None:
         if old is None or node["metadata"].get("labels") != old["metadata"].get("labels") \
                 or _annotations(node) != _annotations(old) or node.get("spec") != old.get("spec"):
-            self.controller.queue.add(self.KEY)
+            self.controller.queue.add_batched(self.KEY)
 
     def _pod_changed(self, event: str, pod: Obj, old: Obj | None) -> None:
         """Pods matter only on nodes being drained."""
         node = (pod.get("spec") or {}).get("nodeName") or ""
         state = self.states.store.get(f"{self.namespace}/{node}")
         if state is not None and _annotations(state).get(CURRENT_STATE) == DRAINING:
-            self.controller.queue.add(self.KEY)
+            self.controller.queue.add_batched(self.KEY)
 
     # ------------------------------------------------------------------ reconcile
     async def reconcile(self, key: str) -> Result | None:
