@@ -3,6 +3,8 @@ taints and tolerations, and the tolerations the DaemonSet controller adds to its
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from nicop.kube.resources import Obj
 
 # What the DaemonSet controller tolerates for every DaemonSet pod (and, with hostNetwork,
@@ -73,15 +75,25 @@ def tolerates(tolerations: list[Obj], taint: Obj) -> bool:
 def daemon_pod_fits(pod_spec: Obj, node: Obj) -> bool:
     """Whether the DaemonSet controller runs a pod of this template on the node: its
     nodeSelector, its required node affinity, and every NoSchedule/NoExecute taint tolerated."""
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    if any(labels.get(k) != v for k, v in (pod_spec.get("nodeSelector") or {}).items()):
-        return False
+    return daemon_pod_filter(pod_spec)(node)
+
+
+def daemon_pod_filter(pod_spec: Obj) -> Callable[[Obj], bool]:
+    """daemon_pod_fits for one template, read once: what asks it of every node of a big
+    cluster."""
+    selector = list((pod_spec.get("nodeSelector") or {}).items())
     required = (((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution"))
-    if required and not node_matches(required, node):
-        return False
     tolerations = [*(pod_spec.get("tolerations") or []), *DAEMON_TOLERATIONS]
     if pod_spec.get("hostNetwork"):
         tolerations.append(HOST_NETWORK_TOLERATION)
-    return all(tolerates(tolerations, taint) for taint in (node.get("spec") or {}).get(
-        "taints") or [] if taint.get("effect") in ("NoSchedule", "NoExecute"))
+
+    def fits(node: Obj) -> bool:
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        if any(labels.get(k) != v for k, v in selector):
+            return False
+        if required and not node_matches(required, node):
+            return False
+        return all(tolerates(tolerations, taint) for taint in (node.get("spec") or {}).get(
+            "taints") or [] if taint.get("effect") in ("NoSchedule", "NoExecute"))
+    return fits

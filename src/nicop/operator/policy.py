@@ -49,7 +49,7 @@ from nicop.kube.resources import (
     key_of,
     resource_of,
 )
-from nicop.kube.scheduling import daemon_pod_fits
+from nicop.kube.scheduling import daemon_pod_filter
 from nicop.kube.times import stamp
 from nicop.operator import nodes as node_rules
 from nicop.operator import writes
@@ -231,13 +231,15 @@ class PolicyController:
         updated = status.get("updatedNumberScheduled", 0)
         if desired == 0:
             return f"{where} matches no node: " + self._why_no_node(cached, ctx, unmanaged)
-        template = cached["spec"]["template"].get("spec") or {}
-        expected = sum(daemon_pod_fits(template, n) for n in self.nodes.store.items())
-        if desired < expected:  # e.g. a node's driver just became ready: not counted yet
-            return (f"{where}: scheduled on {desired} of the {expected} nodes it should run on "
-                    "(the DaemonSet controller has not caught up yet)")
         if available != desired or updated != desired:
             return f"{where}: {available} of {desired} pods available, {updated} updated"
+        # Ready by its status, unless nodes it should run on are not counted yet (e.g. a node
+        # whose driver just became ready): asked last, as it looks at every node.
+        fits = daemon_pod_filter(cached["spec"]["template"].get("spec") or {})
+        expected = sum(map(fits, self.nodes.store.items()))
+        if desired < expected:
+            return (f"{where}: scheduled on {desired} of the {expected} nodes it should run on "
+                    "(the DaemonSet controller has not caught up yet)")
         return None
 
     def _why_no_node(self, ds: Obj, ctx: Context, unmanaged: list[str]) -> str:

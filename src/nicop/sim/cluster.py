@@ -543,6 +543,10 @@ class LocalCluster:
                     "--use-service-account-credentials=false",
                     "--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle",
                     "--concurrent-daemonset-syncs=10",
+                    # kwok renews the leases of a thousand nodes from one process; on a busy
+                    # machine a renewal can come late, and the node lifecycle controller would
+                    # then mark the node's pods not ready although no simulated node failed.
+                    "--node-monitor-grace-period=5m",
                 ]
             proc = self._spawn(state, name, args, die_with_parent)
             url = f"https://{HOST}:{p[name]}/healthz"
