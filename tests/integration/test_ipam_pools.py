@@ -95,8 +95,8 @@ class NodeDaemon:
 
     def add(self, pool: str, container_id: str, pod: str = "p", namespace: str = "default",
             uid: str = "", pool_type: str = "ippool") -> tuple[int, Any]:
-        env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": container_id, "CNI_NETNS": "/x", "CNI_PATH": "/opt/cni/bin",
-               "CNI_IFNAME": "net1",
+        env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": container_id, "CNI_NETNS": "/x",
+               "CNI_PATH": "/opt/cni/bin", "CNI_IFNAME": "net1",
                "CNI_ARGS": f"K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={pod};K8S_POD_UID={uid}"}
         config = {"cniVersion": "1.0.0", "name": "net",
                   "ipam": {"type": "nv-ipam", "poolName": pool, "poolType": pool_type}}
