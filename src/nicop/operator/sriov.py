@@ -465,6 +465,10 @@ class SriovPolicyController:
         found = {name: ((s.get("status") or {}).get("interfaces") or [])
                  for name, s in states.items()}
         policies = self.policies.store.items()
+        if not policies and config is None and not states:
+            # SR-IOV is not in use (no policy, no operator config, no node state left to
+            # empty): no node state, label or ConfigMap for a thousand nodes that need none.
+            return None
         refused = refusals(policies, nodes, found)
         accepted = [p for p in policies if name_of(p) not in refused]
         await self._policy_status(policies, refused, nodes)
