@@ -90,6 +90,10 @@ class PolicyController:
         }
         self.controller = manager.add(Controller("nicclusterpolicy", self.reconcile))
         self._failures = 0  # reconciles in a row with a refused write
+        # Bumped whenever a node's labels or taints change: the nodes a DaemonSet template fits
+        # are counted again only then (DaemonSet key -> (epoch, generation, count)).
+        self._placement_epoch = 0
+        self._fitting: dict[str, tuple[int, int, int]] = {}
         queue = self.controller.queue
         self.policies.on_change(lambda ev, obj, old: queue.add(obj["metadata"]["name"]))
         self.nodes.on_change(self._node_changed)
@@ -103,6 +107,7 @@ class PolicyController:
         if event != "MODIFIED" or labels_of(node) != labels_of(
                 old or {}) or (node.get("spec") or {}).get("taints") != ((old or {}).get(
                 "spec") or {}).get("taints"):
+            self._placement_epoch += 1
             self.controller.queue.add_batched(POLICY_NAME)
 
     # ------------------------------------------------------------------ reconcile
@@ -235,12 +240,23 @@ class PolicyController:
             return f"{where}: {available} of {desired} pods available, {updated} updated"
         # Ready by its status, unless nodes it should run on are not counted yet (e.g. a node
         # whose driver just became ready): asked last, as it looks at every node.
-        fits = daemon_pod_filter(cached["spec"]["template"].get("spec") or {})
-        expected = sum(map(fits, self.nodes.store.items()))
+        expected = self._nodes_fitting(cached)
         if desired < expected:
             return (f"{where}: scheduled on {desired} of the {expected} nodes it should run on "
                     "(the DaemonSet controller has not caught up yet)")
         return None
+
+    def _nodes_fitting(self, ds: Obj) -> int:
+        """How many nodes the DaemonSet's template fits, counted again only when its
+        generation or a node's labels or taints changed."""
+        key, generation = key_of(ds), ds["metadata"].get("generation", 0)
+        known = self._fitting.get(key)
+        if known is not None and known[:2] == (self._placement_epoch, generation):
+            return known[2]
+        fits = daemon_pod_filter(ds["spec"]["template"].get("spec") or {})
+        count = sum(map(fits, self.nodes.store.items()))
+        self._fitting[key] = (self._placement_epoch, generation, count)
+        return count
 
     def _why_no_node(self, ds: Obj, ctx: Context, unmanaged: list[str]) -> str:
         managed = ctx.managed_nodes
@@ -278,6 +294,7 @@ class PolicyController:
             name = node["metadata"]["name"]
             try:
                 self.nodes.assume(await self.client.patch(NODE, name, {"metadata": patch}))
+                self._placement_epoch += 1  # the watch will bring no change: it is assumed
             except (ApiError, OSError) as e:
                 message = f"labelling node {name} {MOFED_WAIT_LABEL}={wanted} failed: {e}"
                 log.error("%s", message, extra=logs.about("Node", name))

@@ -175,9 +175,11 @@ class UpgradeController:
         self.pods.on_change(self._pod_changed)
 
     def _node_changed(self, event: str, node: Obj, old: Obj | None) -> None:
-        if old is None or any(
-            node["metadata"].get(k) != old["metadata"].get(k) for k in ("labels", "annotations")
-        ) or node.get("spec") != old.get("spec"):
+        """The upgrade labels, annotations and spec matter; other controllers' labels (e.g.
+        mofed.wait on every node) do not."""
+        if old is None or event == "DELETED" or _upgrade_labels(node) != _upgrade_labels(old) \
+                or node["metadata"].get("annotations") != old["metadata"].get("annotations") \
+                or node.get("spec") != old.get("spec"):
             self.controller.queue.add_batched(self.KEY)
 
     def _pod_changed(self, event: str, pod: Obj, old: Obj | None) -> None:
@@ -414,6 +416,11 @@ class UpgradeController:
                 k: None for k in (INITIAL_UNSCHEDULABLE_ANNOTATION, WAIT_START_ANNOTATION,
                                   DRAIN_START_ANNOTATION, FAILURE_ANNOTATION)
                 if k in annotations})
+
+
+def _upgrade_labels(node: Obj) -> tuple[str | None, str | None]:
+    labels = node["metadata"].get("labels") or {}
+    return labels.get(STATE_LABEL), labels.get(SKIP_LABEL)
 
 
 def _pod_ready(pod: Obj) -> bool:
