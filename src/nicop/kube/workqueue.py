@@ -14,7 +14,7 @@ from prometheus_client import Gauge
 
 QUEUE_DEPTH = Gauge("nicop_workqueue_depth", "Keys waiting in a work queue", ["queue"])
 # How long events of the many (nodes, pods) are gathered before their one reconcile.
-BATCH_DELAY = 1.0
+BATCH_DELAY = 0.5
 
 
 class WorkQueue:

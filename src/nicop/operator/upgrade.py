@@ -168,9 +168,10 @@ class UpgradeController:
         self.pods = manager.informer(POD)
         self.pods.store.add_index("node", lambda p: [(p.get("spec") or {}).get("nodeName", "")])
         self.controller = manager.add(Controller("ofed-upgrade", self.reconcile))
-        self.policies.on_change(lambda ev, obj, old: self.controller.queue.add(self.KEY))
-        for informer in (self.driver_pods, self.revisions):
-            informer.on_change(lambda ev, obj, old: self.controller.queue.add_batched(self.KEY))
+        # A driver pod's change moves its node on at once (a rollout is a chain of them); with
+        # settled nodes skipped, a reconcile costs little even on a big cluster.
+        for informer in (self.policies, self.driver_pods, self.revisions):
+            informer.on_change(lambda ev, obj, old: self.controller.queue.add(self.KEY))
         self.nodes.on_change(self._node_changed)
         self.pods.on_change(self._pod_changed)
 
@@ -180,7 +181,7 @@ class UpgradeController:
         if old is None or event == "DELETED" or _upgrade_labels(node) != _upgrade_labels(old) \
                 or node["metadata"].get("annotations") != old["metadata"].get("annotations") \
                 or node.get("spec") != old.get("spec"):
-            self.controller.queue.add_batched(self.KEY)
+            self.controller.queue.add(self.KEY)
 
     def _pod_changed(self, event: str, pod: Obj, old: Obj | None) -> None:
         """Workload pods matter only on nodes that are waiting for jobs or draining."""
@@ -188,7 +189,7 @@ class UpgradeController:
         if node and (node["metadata"].get("labels") or {}).get(STATE_LABEL) in (
             WAIT_FOR_JOBS, DRAIN
         ):
-            self.controller.queue.add_batched(self.KEY)
+            self.controller.queue.add(self.KEY)
 
     # ------------------------------------------------------------------ reconcile
     async def reconcile(self, key: str) -> Result | None:
