@@ -294,7 +294,11 @@ def test_policy_creates_vfs_that_a_pod_gets_scheduled_on(
 
             # Applying the same spec again (a resync, a restarted daemon) writes nothing.
             before = host.read(f"/sys/bus/pci/devices/{PCI0}/sriov_numvfs")
-            rv = state["metadata"]["resourceVersion"]
+            # Read now, after the pod was placed: the controllers' batched follow-ups to the
+            # sync (0.5 s) are written by then.
+            now = await rig.state(NODE_NAME)
+            assert now is not None
+            rv = now["metadata"]["resourceVersion"]
             await asyncio.sleep(3)  # more than one resync of the daemon
             after = await rig.state(NODE_NAME)
             assert after is not None and after["metadata"]["resourceVersion"] == rv
