@@ -69,7 +69,7 @@ def one_run(nodes: int, rest: float, trace_memory: bool) -> dict[str, float]:
         figures = {
             "cpu_apply_ready": cpu_ready - cpu_start, "cpu_start_ready": cpu_ready,
             "apply_ready": took, "cpu_rest": op.cpu_seconds() - cpu_ready,
-            "writes_rest": writes(after) - writes(before), "peak_rss": op.peak_rss_mib(),
+            "writes_rest": writes(after) - writes(before), "peak_rss": op.rss_mib(),
             "final_rss": op.rss_mib("VmRSS"), "requests": sum(after.values()),
             "watch_mib": sum(op.watch_bytes().values()) / 2**20,
         }

@@ -75,7 +75,7 @@ def main() -> None:
         print("upgrade controller reconcile time per transition: "
               f"{1000 * seconds / max(transitions, 1):.2f} ms "
               f"({seconds:.1f}s of reconcile in total, {100 * seconds / took:.0f}% of the rollout)")
-        print(f"operator peak RSS: {op.peak_rss_mib():.0f} MiB")
+        print(f"operator peak RSS: {op.rss_mib():.0f} MiB")
 
 
 if __name__ == "__main__":

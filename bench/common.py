@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -90,12 +89,6 @@ class Operator:
                 found[tags["verb"], tags["resource"]] = int(value)
         return found
 
-    def requests_by_verb(self) -> dict[str, int]:
-        by_verb: Counter[str] = Counter()
-        for (verb, _), n in self.requests().items():
-            by_verb[verb] += n
-        return dict(sorted(by_verb.items()))
-
     def watch_bytes(self) -> dict[str, float]:
         """resource -> bytes of watch events received so far."""
         return {dict(LABEL.findall(labels))["resource"]: value
@@ -113,9 +106,6 @@ class Operator:
             if line.startswith(field):
                 return int(line.split()[1]) / 1024
         return 0.0
-
-    def peak_rss_mib(self) -> float:
-        return self.rss_mib("VmHWM")
 
     def memory_by_module(self) -> str:
         """The operator's live memory by the line of nicop's code that allocated it (needs

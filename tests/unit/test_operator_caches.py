@@ -8,12 +8,13 @@ that flip its answer, so a field the trim drops shows up as a different decision
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from nicop.api.nodes import is_managed, unmanaged_reason
-from nicop.kube.scheduling import daemon_pod_fits
+from nicop.kube.scheduling import daemon_pod_filter
 from nicop.operator.caches import trim_node, trim_pod
 from nicop.operator.policy import _container_ready
 from nicop.operator.sriov_drain import uses_resource
@@ -62,9 +63,20 @@ def node() -> dict[str, Any]:
     }
 
 
+def variants(make: Callable[[], dict[str, Any]],
+             *changes: Callable[[dict[str, Any]], Any]) -> list[dict[str, Any]]:
+    """The object `make` builds, and one copy per change applied to it."""
+    out = [make()]
+    for change in changes:
+        variant = make()
+        change(variant)
+        out.append(variant)
+    return out
+
+
 def pod_variants() -> list[dict[str, Any]]:
-    variants = [pod()]
-    for change in (
+    return variants(
+        pod,
         lambda p: p["metadata"].update(ownerReferences=[]),
         lambda p: p["metadata"].update(ownerReferences=[{"kind": "DaemonSet", "uid": "d"}]),
         lambda p: p["metadata"].update(annotations={"kubernetes.io/config.mirror": "x"}),
@@ -76,11 +88,7 @@ def pod_variants() -> list[dict[str, Any]]:
         lambda p: p["status"].update(phase="Succeeded"),
         lambda p: p["status"]["containerStatuses"][0].update(ready=False),
         lambda p: p["status"].pop("containerStatuses"),
-    ):
-        variant = pod()
-        change(variant)
-        variants.append(variant)
-    return variants
+    )
 
 
 @pytest.mark.parametrize("whole", pod_variants())
@@ -104,16 +112,12 @@ def test_every_pod_rule_decides_the_same_on_the_trimmed_pod(whole: dict[str, Any
 
 
 def node_variants() -> list[dict[str, Any]]:
-    variants = [node()]
-    for change in (
+    return variants(
+        node,
         lambda n: n["spec"].update(taints=[], unschedulable=True),
         lambda n: n["status"]["conditions"][0].update(status="False"),
         lambda n: n["metadata"]["labels"].pop("feature.node.kubernetes.io/pci-15b3.present"),
-    ):
-        variant = node()
-        change(variant)
-        variants.append(variant)
-    return variants
+    )
 
 
 @pytest.mark.parametrize("whole", node_variants())
@@ -129,7 +133,8 @@ def test_every_node_rule_decides_the_same_on_the_trimmed_node(whole: dict[str, A
                  {"affinity": affinity, "tolerations": [{"key": "gpu", "operator": "Exists"}]},
                  {"nodeSelector": {"kubernetes.io/os": "linux"}}]
     for template in templates:
-        assert daemon_pod_fits(template, trimmed) == daemon_pod_fits(template, whole)
+        fits = daemon_pod_filter(template)
+        assert fits(trimmed) == fits(whole)
     for rule in (is_managed, unmanaged_reason,
                  lambda n: (NodeView(n, None, True).ready, NodeView(n, None, True).unschedulable,
                             NodeView(n, None, True).annotations, NodeView(n, None, True).state)):

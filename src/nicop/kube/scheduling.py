@@ -72,15 +72,10 @@ def tolerates(tolerations: list[Obj], taint: Obj) -> bool:
     return False
 
 
-def daemon_pod_fits(pod_spec: Obj, node: Obj) -> bool:
-    """Whether the DaemonSet controller runs a pod of this template on the node: its
-    nodeSelector, its required node affinity, and every NoSchedule/NoExecute taint tolerated."""
-    return daemon_pod_filter(pod_spec)(node)
-
-
 def daemon_pod_filter(pod_spec: Obj) -> Callable[[Obj], bool]:
-    """daemon_pod_fits for one template, read once: what asks it of every node of a big
-    cluster."""
+    """Whether the DaemonSet controller runs a pod of this template on a node: its
+    nodeSelector, its required node affinity, and every NoSchedule/NoExecute taint tolerated.
+    The template is read once, for asking it of every node of a big cluster."""
     selector = list((pod_spec.get("nodeSelector") or {}).items())
     required = (((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution"))

@@ -91,7 +91,10 @@ class PolicyController:
         self.controller = manager.add(Controller("nicclusterpolicy", self.reconcile))
         self._failures = 0  # reconciles in a row with a refused write
         # Bumped whenever a node's labels or taints change: the nodes a DaemonSet template fits
-        # are counted again only then (DaemonSet key -> (epoch, generation, count)).
+        # are counted again only then (DaemonSet key -> (epoch, generation, count)). Labels
+        # other controllers write into the shared cache themselves (upgrade state, SR-IOV
+        # device-plugin) arrive without a change event and are not counted: no template of a
+        # policy selects on them.
         self._placement_epoch = 0
         self._fitting: dict[str, tuple[int, int, int]] = {}
         queue = self.controller.queue
