@@ -30,6 +30,15 @@ FAILED = "upgrade-failed"
 UNCORDON = "uncordon-required"
 DONE = "upgrade-done"
 IN_PROGRESS = (CORDON, WAIT_FOR_JOBS, DRAIN, POD_RESTART, UNCORDON)
+# Upstream's states nicop does not enter itself; a node an upstream install left in one of them
+# is still counted as upstream counts it.
+POD_DELETION = "pod-deletion-required"
+VALIDATION = "validation-required"
+# The nodes holding one of maxParallelUpgrades' slots, as upstream counts them: a failed node
+# stays cordoned, so it keeps its slot until it recovers.
+HOLDS_SLOT = (*IN_PROGRESS, POD_DELETION, VALIDATION, FAILED)
+# The nodes upstream counts as managed (the base of a percentage maxUnavailable).
+MANAGED = ("", REQUIRED, DONE, *HOLDS_SLOT)
 
 
 def progress(nodes: list[Obj]) -> Obj | None:

@@ -5,7 +5,8 @@ upgrade-required → cordon-required → wait-for-jobs-required → drain-requir
 pod-restart-required → uncordon-required → upgrade-done (or upgrade-failed). Every reconcile
 reads the cluster and moves each node at most one step, so a restarted operator resumes where
 the labels say it was. New nodes start only while both `maxParallelUpgrades` and nicop's
-`maxUnavailable` (which counts nodes already unavailable for other reasons) leave room.
+`maxUnavailable` (which counts nodes already unavailable for other reasons) leave room, counted
+as upstream counts them: a failed node keeps its slot until its driver recovers.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ from nicop.api.upgrade import (
     DRAIN_START_ANNOTATION,
     FAILED,
     FAILURE_ANNOTATION,
+    HOLDS_SLOT,
     IN_PROGRESS,
     INITIAL_UNSCHEDULABLE_ANNOTATION,
     LEGACY_STATE_ANNOTATION,
+    MANAGED,
     POD_RESTART,
     REQUESTED_ANNOTATION,
     REQUIRED,
@@ -132,9 +135,10 @@ class NodeView:
                 and LEGACY_STATE_ANNOTATION not in self.annotations)
 
     @property
-    def ready(self) -> bool:
+    def not_ready(self) -> bool:
+        """Its Ready condition says otherwise (a node without one is not counted as down)."""
         conditions = (self.node.get("status") or {}).get("conditions") or []
-        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        return any(c.get("type") == "Ready" and c.get("status") != "True" for c in conditions)
 
 
 @dataclass
@@ -152,6 +156,43 @@ class Plan:
     @property
     def max_parallel(self) -> int:
         return int(self.spec.get("maxParallelUpgrades", 1))
+
+
+def upgrade_slots(views: list[NodeView], max_parallel: int, max_unavailable_value: Any) -> int:
+    """How many more nodes may start, counted as upstream's upgrade library counts them
+    (k8s-operator-libs pkg/upgrade/common_manager.go, GetUpgradesAvailable): every node past
+    upgrade-required and not done holds a slot, an upgrade-failed one included."""
+    managed = [v for v in views if v.state in MANAGED]
+    in_progress = sum(v.state in HOLDS_SLOT for v in managed)
+    waiting = sum(v.state == REQUIRED for v in managed)
+    slots = waiting if max_parallel == 0 else max_parallel - in_progress
+    limit = max_unavailable(max_unavailable_value, len(managed))
+    # Nodes about to be cordoned count as unavailable already.
+    unavailable = sum(v.unschedulable or v.not_ready for v in views) + sum(
+        v.state == CORDON for v in views)
+    slots = min(slots, limit)
+    if unavailable >= limit:
+        return 0
+    if limit < len(managed) and unavailable + slots > limit:
+        return limit - unavailable
+    return slots
+
+
+def nodes_to_start(views: list[NodeView], max_parallel: int,
+                   max_unavailable_value: Any) -> list[NodeView]:
+    """The waiting nodes that move on now, in name order: one per free slot, and a node that
+    was cordoned before its upgrade even without one (it costs no further availability), as
+    upstream's in-place manager does (k8s-operator-libs pkg/upgrade/upgrade_inplace.go)."""
+    free = upgrade_slots(views, max_parallel, max_unavailable_value)
+    started = []
+    for view in views:
+        if view.state != REQUIRED or view.labels.get(SKIP_LABEL) == "true":
+            continue
+        if free <= 0 and not view.unschedulable:
+            continue
+        started.append(view)
+        free -= 1
+    return started
 
 
 class UpgradeController:
@@ -281,24 +322,9 @@ class UpgradeController:
 
     async def _start_new(self, views: list[NodeView], plan: Plan) -> bool:
         """Let waiting nodes begin while maxParallelUpgrades and maxUnavailable allow."""
-        waiting = [v for v in views if v.state == REQUIRED and v.labels.get(SKIP_LABEL) != "true"]
-        if not waiting:
-            return False
-        in_progress = sum(v.state in IN_PROGRESS for v in views)
-        parallel = plan.max_parallel
-        slots = len(waiting) if parallel == 0 else parallel - in_progress
-        unavailable = sum(v.unschedulable or not v.ready or v.state in (*IN_PROGRESS, FAILED)
-                          for v in views)
-        limit = max_unavailable(plan.spec.get("maxUnavailable"), len(views))
-        slots = min(slots, limit - unavailable)
         moved = False
-        for view in waiting:
-            # A node that was cordoned already costs no extra availability: it may go.
-            if view.unschedulable and view.ready and parallel == 0:
-                moved |= await self._set(view, CORDON)
-            elif slots > 0:
-                slots -= 1
-                moved |= await self._set(view, CORDON)
+        for view in nodes_to_start(views, plan.max_parallel, plan.spec.get("maxUnavailable")):
+            moved |= await self._set(view, CORDON)
         return moved
 
     async def _wait_for_jobs(self, view: NodeView, plan: Plan) -> bool:
