@@ -3,7 +3,9 @@ from the code that reads the objects.
 
 Pydantic's JSON schema is turned into a structural OpenAPI v3 schema, the kind the API server
 requires: references are inlined, `X | None` becomes plain `X` (absence means unset), free-form
-maps keep their unknown fields, and int-or-string fields keep their one allowed `anyOf`.
+maps keep their unknown fields, int-or-string fields keep their one allowed `anyOf`, and a
+one-value `Literal` becomes a one-value `enum` (the API server drops `const` without enforcing
+it, so the object would be stored with any value).
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         node = _merge(_structural(variants[0], defs), node)
     if node.get("default", 0) is None:
         del node["default"]
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
     if "properties" in node:
         props = {name: _structural(sub, defs) for name, sub in node["properties"].items()}
         if props:

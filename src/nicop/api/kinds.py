@@ -13,6 +13,7 @@ from nicop.api.mellanox import (
 from nicop.api.nad import NetworkAttachmentDefinition
 from nicop.api.nvipam import CIDRPool, IPPool
 from nicop.api.sriovnetwork import (
+    OVSNetwork,
     SriovIBNetwork,
     SriovNetwork,
     SriovNetworkNodePolicy,
@@ -30,6 +31,7 @@ KINDS: tuple[type[KubeObject], ...] = (
     SriovNetworkNodePolicy,
     SriovNetwork,
     SriovIBNetwork,
+    OVSNetwork,
     SriovNetworkNodeState,
     SriovOperatorConfig,
     SriovNetworkPoolConfig,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from nicop.api.common import (
     ApiModel,
@@ -59,6 +59,17 @@ class ExcludeRange(ApiModel):
 
 class ExcludeIndexRange(ApiModel):
     """Indexes of every node's block never handed out, startIndex to endIndex inclusive."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.endIndex >= self.startIndex",
+                    "message": "endIndex must be greater than or equal to startIndex",
+                }
+            ]
+        }
+    )
 
     start_index: int = Field(ge=0)
     end_index: int = Field(ge=0)

@@ -44,6 +44,8 @@ OnOff = Literal["on", "off"]
 
 AGE = PrinterColumn("Age", ".metadata.creationTimestamp", "date")
 READY = PrinterColumn("Ready", '.status.conditions[?(@.type=="Ready")].status')
+PROGRESSING = PrinterColumn("Progressing", '.status.conditions[?(@.type=="Progressing")].status')
+DEGRADED = PrinterColumn("Degraded", '.status.conditions[?(@.type=="Degraded")].status')
 
 PfName = Annotated[
     str,
@@ -260,7 +262,8 @@ class SriovNetworkNodePolicy(KubeObject):
         ),
     )
 
-    spec: SriovNetworkNodePolicySpec
+    # Optional as in upstream's schema; the operator refuses a policy without one.
+    spec: SriovNetworkNodePolicySpec | None = None
     status: SriovNetworkNodePolicyStatus | None = None
 
 
@@ -315,7 +318,8 @@ class SriovNetwork(KubeObject):
         printer_columns=(PrinterColumn("Resource", ".spec.resourceName"), READY, AGE),
     )
 
-    spec: SriovNetworkSpec
+    # Optional as in upstream's schema; without one the network says what is missing.
+    spec: SriovNetworkSpec | None = None
     status: NetworkStatus | None = None
 
 
@@ -345,7 +349,58 @@ class SriovIBNetwork(KubeObject):
         printer_columns=(PrinterColumn("Resource", ".spec.resourceName"), READY, AGE),
     )
 
-    spec: SriovIBNetworkSpec
+    # Optional as in upstream's schema; without one the network says what is missing.
+    spec: SriovIBNetworkSpec | None = None
+    status: NetworkStatus | None = None
+
+
+class TrunkConfig(ApiModel):
+    """VLANs an OVS port trunks: one `id`, or the range `minID` to `maxID`."""
+
+    min_id: int | None = Field(default=None, ge=0, le=4095, alias="minID")
+    """First VLAN of a range."""
+    max_id: int | None = Field(default=None, ge=0, le=4095, alias="maxID")
+    """Last VLAN of a range."""
+    id: int | None = Field(default=None, ge=0, le=4095)
+    """A single VLAN."""
+
+
+class OVSNetworkSpec(ApiModel):
+    """A network on the OVS bridge of switchdev VFs; rendered for the ovs CNI."""
+
+    network_namespace: str | None = None
+    """Namespace of the NetworkAttachmentDefinition (only for networks in the operator
+    namespace)."""
+    resource_name: str
+    """Device plugin resource of the switchdev VFs, as in the policy."""
+    capabilities: JsonObject | None = None
+    """CNI capabilities, as JSON, e.g. {"mac": true}."""
+    ipam: JsonObject | None = None
+    """IPAM configuration, as JSON."""
+    meta_plugins: JsonObjects | None = None
+    """CNI plugins chained after ovs: JSON objects separated by commas."""
+    bridge: str | None = None
+    """OVS bridge of the port; unset, ovs-cni picks the bridge of the VF's PF."""
+    vlan: int | None = Field(default=None, ge=0, le=4095)
+    """VLAN tag of the port; 0 means none."""
+    mtu: int | None = Field(default=None, ge=0)
+    """MTU of the port; 0 means the bridge's."""
+    trunk: list[TrunkConfig] | None = None
+    """VLANs the port trunks."""
+    interface_type: str | None = None
+    """OVS interface type of the port, e.g. dpdk."""
+
+
+class OVSNetwork(KubeObject):
+    """A secondary network of switchdev VFs plugged into an OVS bridge (hardware offload)."""
+
+    crd = CrdInfo(
+        GROUP, VERSION, "OVSNetwork", "ovsnetworks", namespaced=True,
+        printer_columns=(READY, DEGRADED, AGE),
+    )
+
+    # Optional as in upstream's schema; without one the network says what is missing.
+    spec: OVSNetworkSpec | None = None
     status: NetworkStatus | None = None
 
 
@@ -498,7 +553,7 @@ class SriovNetworkNodeState(KubeObject):
         printer_columns=(
             PrinterColumn("Sync Status", ".status.syncStatus"),
             READY,
-            PrinterColumn("Progressing", '.status.conditions[?(@.type=="Progressing")].status'),
+            PROGRESSING,
             PrinterColumn("Draining", '.status.conditions[?(@.type=="Draining")].status'),
             PrinterColumn(
                 "Desired Sync State",
@@ -580,7 +635,7 @@ class SriovOperatorConfig(KubeObject):
 
     crd = CrdInfo(
         GROUP, VERSION, "SriovOperatorConfig", "sriovoperatorconfigs", namespaced=True,
-        printer_columns=(AGE,),
+        printer_columns=(READY, PROGRESSING, DEGRADED, AGE),
     )
 
     spec: SriovOperatorConfigSpec = Field(default_factory=SriovOperatorConfigSpec)
