@@ -347,7 +347,7 @@ def installed(helm: Path, kubectl: Kubectl, client: Client, crds: list[str],
 # the operator's namespace, default stands for any other namespace.
 NAMESPACED_OBJECTS = ("serviceaccounts", "configmaps", "daemonsets.apps", "deployments.apps")
 SRIOV_NETWORK_KINDS = tuple(f"{k}.sriovnetwork.openshift.io" for k in (
-    "sriovnetworks", "sriovibnetworks"))
+    "sriovnetworks", "sriovibnetworks", "ovsnetworks"))
 NETWORK_KINDS = tuple(f"{k}.mellanox.com" for k in (
     "macvlannetworks", "hostdevicenetworks", "ipoibnetworks"))
 ALLOWED: tuple[tuple[str, str], ...] = (

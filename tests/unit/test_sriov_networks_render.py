@@ -107,3 +107,67 @@ def test_network_namespace_only_from_the_operator_namespace() -> None:
 def test_invalid_json_names_the_field() -> None:
     with pytest.raises(NetworkError, match=r"spec\.capabilities"):
         config("SriovNetwork", {"resourceName": "vf", "capabilities": "{mac: true}"})
+
+
+# k8snetworkplumbingwg/sriov-network-operator api/v1/helper_test.go TestOVSRendering: the specs
+# of its test table and the CNI config of api/v1/testdata/TestOVSRendering/<name>.golden.
+OVS_GOLDEN = {
+    "simpleovs": (
+        {"networkNamespace": "testnamespace", "resourceName": "testresource"},
+        '{ "cniVersion":"1.0.0", "name":"test","type":"ovs","ipam":{} }'),
+    "chained": (
+        {"networkNamespace": "testnamespace", "resourceName": "testresource", "mtu": 1500,
+         "metaPlugins": '\n\t\t\t\t\t{\n\t\t\t\t\t\t"type": "vrf",\n\t\t\t\t\t\t"vrfname": "blue"'
+                        '\n\t\t\t\t\t}\n\t\t\t\t\t'},
+        '{ "cniVersion":"1.0.0", "name":"test","plugins": [ {"type":"ovs","mtu":1500,"ipam":{} },'
+        ' {"type":"vrf","vrfname":"blue"} ] }'),
+    "complexconf": (
+        {"networkNamespace": "testnamespace", "resourceName": "testresource",
+         "capabilities": '{"foo": "bar"}', "bridge": "test", "vlan": 100, "mtu": 1500,
+         "trunk": [{"id": 120}, {"minID": 500, "maxID": 550}], "interfaceType": "netdev",
+         "ipam": '{"type": "foo"}'},
+        '{ "cniVersion":"1.0.0", "name":"test","type":"ovs","capabilities":{"foo": "bar"},'
+        '"bridge":"test","vlan":100,"mtu":1500,"trunk":[{"id":120},{"minID":500,"maxID":550}],'
+        '"interface_type":"netdev","ipam":{"type":"foo"} }'),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OVS_GOLDEN))
+def test_ovs_network_matches_upstreams_golden_file(case: str) -> None:
+    """The NAD of each OVSNetwork of upstream's TestOVSRendering table: the same CNI JSON, keys
+    in the same order, and upstream's annotations (its test runs without RESOURCE_PREFIX)."""
+    spec, golden = OVS_GOLDEN[case]
+    nad = render_nad(KINDS["OVSNetwork"], network("OVSNetwork", spec), OPERATOR_NS, prefix="")
+    assert json.dumps(json.loads(nad["spec"]["config"])) == json.dumps(json.loads(golden))
+    assert (nad["metadata"]["namespace"], nad["metadata"]["name"]) == ("testnamespace", "test")
+    annotations = nad["metadata"]["annotations"]
+    assert annotations["k8s.v1.cni.cncf.io/resourceName"] == "/testresource"
+    assert annotations["sriovnetwork.openshift.io/owner-ref"] == \
+        f"OVSNetwork.sriovnetwork.openshift.io/{OPERATOR_NS}/test"
+
+
+def test_ovs_zero_vlan_and_mtu_and_a_trunk_id_0_like_upstream() -> None:
+    """Zero vlan and mtu are left out as upstream's template does; a trunk ID of 0 is kept (a
+    set pointer in upstream's TrunkConfig)."""
+    cfg = config("OVSNetwork", {"resourceName": "vf", "vlan": 0, "mtu": 0,
+                                "trunk": [{"minID": 0, "maxID": 10}]})
+    assert cfg == {"cniVersion": "1.0.0", "name": "test", "type": "ovs",
+                   "trunk": [{"minID": 0, "maxID": 10}], "ipam": {}}
+
+
+def test_the_ovsnetwork_example() -> None:
+    nad = render_nad(KINDS["OVSNetwork"], example("ovsnetwork.yaml"), OPERATOR_NS, "nvidia.com")
+    assert (nad["metadata"]["namespace"], nad["metadata"]["name"]) == ("default", "ovs")
+    assert nad["metadata"]["annotations"]["k8s.v1.cni.cncf.io/resourceName"] == \
+        "nvidia.com/switchdev"
+    assert json.loads(nad["spec"]["config"]) == {
+        "cniVersion": "1.0.0", "name": "ovs", "type": "ovs", "vlan": 200,
+        "ipam": {"type": "nv-ipam", "poolName": "pool1"}}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_network_without_spec_names_the_missing_resource(kind: str) -> None:
+    cr = network(kind, {})
+    del cr["spec"]
+    with pytest.raises(NetworkError, match=r"spec\.resourceName is missing"):
+        render_nad(KINDS[kind], cr, OPERATOR_NS)

@@ -101,6 +101,21 @@ def test_more_vfs_than_the_nic_supports_is_refused(tmp_path: Path) -> None:
     assert PF0 in message and "node-2" in message
 
 
+def test_a_policy_without_spec_is_refused_and_the_others_still_apply(tmp_path: Path) -> None:
+    """Upstream's schema admits a policy without spec; it must configure nothing, not select
+    every node with an empty nodeSelector, and say what it lacks."""
+    bare = {"metadata": {"name": "bare", "uid": "uid-bare",
+                         "creationTimestamp": "2025-01-01T00:00:00Z"}}
+    good = policy("good")
+    nics = {"node-2": found(tmp_path)}
+    refused = refusals([bare, good], [NODE], nics)
+    assert set(refused) == {"bare"}
+    reason, message = refused["bare"]
+    assert reason == "MissingFields"
+    assert "spec.resourceName, spec.nodeSelector, spec.numVfs, spec.nicSelector missing" in message
+    assert [i["pciAddress"] for i in node_state_spec([good], NODE, nics["node-2"])["interfaces"]]
+
+
 def test_device_plugin_config_maps_each_resource_to_its_vfs(tmp_path: Path) -> None:
     a = policy("split-a", nicSelector={"vendor": "15b3", "deviceID": "101d",
                                        "pfNames": [f"{PF0}#0-3"]}, isRdma=True, linkType="eth")

@@ -82,6 +82,7 @@ SRIOV_POOL_CONFIG = Resource(SRIOV_GROUP, SRIOV_VERSION, "SriovNetworkPoolConfig
                              "sriovnetworkpoolconfigs")
 SRIOV_NETWORK = Resource(SRIOV_GROUP, SRIOV_VERSION, "SriovNetwork", "sriovnetworks")
 SRIOV_IB_NETWORK = Resource(SRIOV_GROUP, SRIOV_VERSION, "SriovIBNetwork", "sriovibnetworks")
+OVS_NETWORK = Resource(SRIOV_GROUP, SRIOV_VERSION, "OVSNetwork", "ovsnetworks")
 
 BUILTIN = {
     r.api_version + "/" + r.kind: r

@@ -315,6 +315,10 @@ def _created(obj: Obj) -> str:
     return str(obj["metadata"].get("creationTimestamp") or "")
 
 
+POLICY_REQUIRED = ("resourceName", "nodeSelector", "numVfs", "nicSelector")
+"""The spec fields a policy cannot do without (the schema requires them once `spec` is set)."""
+
+
 def refusals(policies: list[Obj], nodes: list[Obj], found: Mapping[str, list[Obj]]
              ) -> dict[str, tuple[str, str]]:
     """Policies that must not be applied: name -> (reason, message).
@@ -327,6 +331,11 @@ def refusals(policies: list[Obj], nodes: list[Obj], found: Mapping[str, list[Obj
     for policy in sorted(policies, key=lambda p: (_created(p), name_of(p))):
         name = name_of(policy)
         if name == DEPRECATED_DEFAULT_POLICY:
+            continue
+        missing = [f"spec.{f}" for f in POLICY_REQUIRED if spec_of(policy).get(f) is None]
+        if missing:  # upstream's schema lets a policy have no spec at all
+            result[name] = ("MissingFields", f"{', '.join(missing)} missing in CR {name}; a "
+                            "policy needs resourceName, nodeSelector, numVfs and nicSelector")
             continue
         selected = {name_of(n) for n in nodes if selects_node(policy, n)}
         problems: list[tuple[str, str]] = []

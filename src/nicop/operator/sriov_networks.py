@@ -1,5 +1,5 @@
-"""SriovNetwork and SriovIBNetwork become NetworkAttachmentDefinitions for the sriov and
-ib-sriov CNI plugins, with exactly the CNI JSON upstream renders.
+"""SriovNetwork, SriovIBNetwork and OVSNetwork become NetworkAttachmentDefinitions for the
+sriov, ib-sriov and ovs CNI plugins, with exactly the CNI JSON upstream renders.
 
 The NAD has the network's name and lives in `spec.networkNamespace` (allowed only for networks
 in the operator namespace) or the network's own namespace. It carries the annotation
@@ -12,7 +12,8 @@ so that deleting it deletes its NAD in whatever namespace that is, the annotatio
 `operator.sriovnetwork.openshift.io/last-network-namespace` remembers where the NAD went, and a
 NAD is owned by its network only when both share a namespace. The `Ready` condition says whether
 the NAD exists and, if not, why: the target namespace does not exist (the NAD follows as soon as
-it does) or a field is invalid (the message names it).
+it does) or a field is invalid or missing (the message names it; upstream's schema lets a
+network have no spec at all, and a NAD without a device plugin resource would only fail pods).
 """
 
 from __future__ import annotations
@@ -27,7 +28,14 @@ from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.conditions import with_condition
 from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Controller, Manager, Result
-from nicop.kube.resources import NAMESPACE, SRIOV_IB_NETWORK, SRIOV_NETWORK, Obj, Resource
+from nicop.kube.resources import (
+    NAMESPACE,
+    OVS_NETWORK,
+    SRIOV_IB_NETWORK,
+    SRIOV_NETWORK,
+    Obj,
+    Resource,
+)
 from nicop.kube.resources import NETWORK_ATTACHMENT_DEFINITION as NAD
 from nicop.kube.resources import SRIOV_GROUP as GROUP
 from nicop.operator import writes
@@ -64,7 +72,8 @@ class SriovKind:
 
 KINDS = {
     k.resource.kind: k
-    for k in (SriovKind(SRIOV_NETWORK, "sriov"), SriovKind(SRIOV_IB_NETWORK, "ib-sriov"))
+    for k in (SriovKind(SRIOV_NETWORK, "sriov"), SriovKind(SRIOV_IB_NETWORK, "ib-sriov"),
+              SriovKind(OVS_NETWORK, "ovs"))
 }
 
 
@@ -89,8 +98,30 @@ def target_namespace(cr: Obj, operator_namespace: str) -> str:
     return str(wanted)
 
 
+def ovs_plugin(spec: Obj) -> Obj:
+    """The ovs plugin object, keys in upstream's template order; empty and zero fields are
+    left out, and each trunk entry keeps only the IDs it sets (in minID, maxID, id order)."""
+    plugin: Obj = {"type": "ovs"}
+    if spec.get("capabilities"):
+        plugin["capabilities"] = parse_json_object(spec["capabilities"], "spec.capabilities")
+    if spec.get("bridge"):
+        plugin["bridge"] = spec["bridge"]
+    for key in ("vlan", "mtu"):
+        if spec.get(key):
+            plugin[key] = int(spec[key])
+    if spec.get("trunk"):
+        plugin["trunk"] = [{key: int(entry[key]) for key in ("minID", "maxID", "id")
+                            if entry.get(key) is not None} for entry in spec["trunk"]]
+    if spec.get("interfaceType"):
+        plugin["interface_type"] = spec["interfaceType"]
+    plugin["ipam"] = parse_json_object("".join((spec.get("ipam") or "").split()), "spec.ipam")
+    return plugin
+
+
 def cni_plugin(kind: SriovKind, spec: Obj) -> Obj:
     """The plugin object, keys in upstream's template order."""
+    if kind.cni_type == "ovs":
+        return ovs_plugin(spec)
     plugin: Obj = {"type": kind.cni_type}
     if kind.ethernet:
         plugin["vlan"] = int(spec.get("vlan") or 0)
@@ -133,13 +164,17 @@ def render_nad(kind: SriovKind, cr: Obj, operator_namespace: str,
     """The NetworkAttachmentDefinition of a network (raises NetworkError naming the field)."""
     spec = cr.get("spec") or {}
     m = cr["metadata"]
+    if not spec.get("resourceName"):
+        raise NetworkError(
+            "spec.resourceName is missing: set it to the resourceName of the "
+            "SriovNetworkNodePolicy whose VFs this network uses")
     namespace = target_namespace(cr, operator_namespace)
     metadata: Obj = {
         "name": m["name"],
         "namespace": namespace,
         "labels": {"app.kubernetes.io/managed-by": "nicop"},
         "annotations": {
-            RESOURCE_NAME_ANNOTATION: f"{prefix}/{spec.get('resourceName', '')}",
+            RESOURCE_NAME_ANNOTATION: f"{prefix}/{spec['resourceName']}",
             OWNER_ANNOTATION: owner_value(kind, cr),
         },
     }
@@ -155,7 +190,7 @@ def render_nad(kind: SriovKind, cr: Obj, operator_namespace: str,
 
 
 class SriovNetworkController:
-    """SriovNetwork/SriovIBNetwork -> NAD; keys are `<Kind>/<namespace>/<name>`."""
+    """SriovNetwork/SriovIBNetwork/OVSNetwork -> NAD; keys are `<Kind>/<namespace>/<name>`."""
 
     def __init__(self, manager: Manager, namespace: str, recorder: EventRecorder, *,
                  prefix: str | None = None) -> None:
