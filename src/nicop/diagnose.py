@@ -150,15 +150,16 @@ def report(snap: Snapshot, target: Target, checks: list[Check]) -> Obj:
 # ------------------------------------------------------------------ cluster
 
 def cluster_checks(snap: Snapshot) -> list[Check]:
-    checks = [operator_check(snap), *policy_checks(snap), *pending_pod_checks(snap)]
+    checks = [operator_check(snap), *policy_checks(snap), *pending_pod_checks(snap),
+              *bound_pod_checks(snap)]
     nodes = sorted(snap.get("nodes") or [], key=st.name_of)
-    relevant = [n for n in nodes if node_rules.is_managed(n) or st.has_mellanox_nic(n)]
-    if not relevant:
+    relevant = [n for n in nodes if node_rules.is_managed(n) or st.has_mellanox_nic(n)
+                or st.unmanaged_nic(snap, n)]
+    if not any(node_rules.is_managed(n) for n in relevant):
         checks.append(Check(
             "cluster", "mellanox nodes", "fail",
-            f"no node has a Mellanox NIC as far as Node Feature Discovery says (label "
-            f"{MELLANOX_LABEL}, or a pci-<class>_15b3 label) and none is opted in, so nicop "
-            "manages no node",
+            f"no node has the label {MELLANOX_LABEL}=true (Node Feature Discovery's sign of a "
+            "Mellanox NIC) and none is opted in, so nicop manages no node",
             "deploy Node Feature Discovery, or opt nodes in: kubectl label node <node> "
             f"{OPT_IN_LABEL}=true"))
     for node in relevant:
@@ -285,6 +286,38 @@ def pending_pod_checks(snap: Snapshot) -> list[Check]:
     return checks
 
 
+def bound_pod_checks(snap: Snapshot) -> list[Check]:
+    """Pods that asked for RDMA devices or secondary networks, are bound to a node and still do
+    not run (a network that does not exist keeps a pod in ContainerCreating): the network
+    checks of `diagnose pod` on each, or a pointer to it."""
+    checks = []
+    for pod in sorted(snap.get("pods") or [], key=lambda p: str(p.get("metadata"))):
+        meta = pod.get("metadata") or {}
+        node = (pod.get("spec") or {}).get("nodeName")
+        status = pod.get("status") or {}
+        if not node or meta.get("deletionTimestamp") or status.get("phase") != "Pending":
+            continue
+        wants = [r for r in st.pod_requests(pod) if st.is_device_resource(r)]
+        if not wants and not (meta.get("annotations") or {}).get(NETWORKS_ANNOTATION):
+            continue
+        ref = f"{meta.get('namespace')}/{meta.get('name')}"
+        _, network_checks = _network_checks(snap, pod, "cluster")
+        broken = [c for c in network_checks if c.result == "fail"]
+        for c in broken:
+            checks.append(Check("cluster", f"pod {ref}", "fail",
+                                f"pod {ref} on node {node} does not start: {c.message}", c.fix))
+        if broken:
+            continue
+        waiting = [p for c in status.get("containerStatuses") or []
+                   if (p := st.container_problem(c))]
+        checks.append(Check(
+            "cluster", f"pod {ref}", "warn",
+            f"pod {ref} is bound to node {node} but not running ("
+            + (waiting[0] if waiting else "Pending") + ")",
+            f"nicop diagnose pod {ref}"))
+    return checks
+
+
 # ------------------------------------------------------------------ node
 
 def _node(snap: Snapshot, name: str) -> Obj | None:
@@ -305,13 +338,15 @@ def node_checks(snap: Snapshot, name: str, *, standalone: bool) -> list[Check]:
                             f"kubectl describe node {name}"))
     checks.extend(_agent_checks(snap, node))
     labels = st.labels_of(node)
-    if node_rules.unmanaged_reason(node):
+    if reason := st.unmanaged_nic(snap, node):
         if labels.get(OPT_IN_LABEL) == "false":
             checks.append(Check(
                 subject, "managed", "warn",
                 f"node {name} has a Mellanox NIC but is opted out ({OPT_IN_LABEL}=false): nicop "
                 "deploys nothing there",
                 f"if that is not intended: kubectl label node {name} {OPT_IN_LABEL}-"))
+        elif not any(node_rules.CLASS_VENDOR_LABEL.match(k) for k in labels):
+            checks.append(_unlabelled_nic_check(node, reason))
         else:
             found = sorted(k for k in labels if node_rules.CLASS_VENDOR_LABEL.match(k))
             checks.append(Check(
@@ -346,6 +381,18 @@ def node_checks(snap: Snapshot, name: str, *, standalone: bool) -> list[Check]:
     checks.extend(_plugin_checks(snap, node, policy))
     checks.extend(_sriov_checks(snap, node, policy))
     return checks
+
+
+def _unlabelled_nic_check(node: Obj, reason: str) -> Check:
+    """A node that shows its Mellanox NIC in other ways but lost (or never had) the label the
+    operator selects by: a failure, with the label command and the NFD hint."""
+    name = st.name_of(node)
+    message, _, _ = reason.partition("; label it")
+    return Check(
+        f"node/{name}", "managed", "fail", message,
+        f"kubectl label node {name} {MELLANOX_LABEL}=true (lasting: check that Node Feature "
+        "Discovery runs on the node and labels vendor 15b3: pci deviceLabelFields [vendor], or "
+        "a NodeFeatureRule)")
 
 
 def _wanted_driver_version(policy: Obj) -> str | None:

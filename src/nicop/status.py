@@ -69,6 +69,12 @@ DEVICE_PLUGIN_STATES = {
     "state-SRIOV-device-plugin": ("sriovDevicePlugin", "resourceList", "intel.com"),
 }
 OPERATOR_APP_NAMES = ("network-operator", "nicop")
+# NFD's per-node feature objects (NFD v0.14 on): the PCI devices it found, with their vendor.
+NODE_FEATURE = Kind("nfd.k8s-sigs.io", "v1alpha1", "NodeFeature", "nodefeatures")
+NODE_FEATURE_NODE_LABEL = "nfd.node.kubernetes.io/node-name"
+MELLANOX_VENDOR = "15b3"
+# Device resources of other NVIDIA products (the GPU operator's): no sign of a NIC.
+NON_NIC_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-", "nvidia.com/vgpu", "nvidia.com/pgpu")
 TERMINATED = ("Succeeded", "Failed")
 
 
@@ -113,6 +119,7 @@ async def collect(client: ApiClient, namespace: str, *, nads: bool = False) -> S
         _list(client, SRIOV_NODE_STATE, None, errors),
         _list(client, IPPOOL, namespace, errors),
         _list(client, CIDRPOOL, namespace, errors),
+        _list(client, NODE_FEATURE, None, errors),
     ]
     if nads:
         reads.append(_list(client, NETWORK_ATTACHMENT_DEFINITION, None, errors))
@@ -128,10 +135,11 @@ async def collect(client: ApiClient, namespace: str, *, nads: bool = False) -> S
         "nodeStates": results[4],
         "ipPools": results[5],
         "cidrPools": results[6],
+        "nodeFeatures": results[7],
         "errors": errors,
     }
     if nads:
-        snap["nads"] = results[7]
+        snap["nads"] = results[8]
     return snap
 
 
@@ -140,12 +148,14 @@ class ClusterReadError(Exception):
 
 
 def read_cluster(kubeconfig: str | Path | None,
-                 collect: Callable[[ApiClient], Awaitable[Snapshot]]) -> Snapshot:
-    """Run an async `collect(client)` with a client of the cluster (for the CLI)."""
+                 collect: Callable[[ApiClient], Awaitable[Snapshot]],
+                 context: str | None = None) -> Snapshot:
+    """Run an async `collect(client)` with a client of the cluster (for the CLI); `context`
+    picks a kubeconfig context other than the current one."""
     from lightkube.core.exceptions import ConfigError
 
     async def main() -> Snapshot:
-        client = ApiClient(kubeconfig)
+        client = ApiClient(kubeconfig, context=context)
         try:
             return await collect(client)
         finally:
@@ -390,6 +400,53 @@ def has_mellanox_nic(node: Obj) -> bool:
         node_rules.CLASS_VENDOR_LABEL.match(k) and v for k, v in labels.items())
 
 
+def nic_signs(snap: Snapshot, node: Obj) -> list[str]:
+    """Everything that says a node has a Mellanox NIC besides the label the operator selects by:
+    NFD labels naming vendor 15b3 in any form, NFD's NodeFeature object, the driver's upgrade
+    labels and mofed.wait, NIC resources its kubelet advertises, and pods of the operator's
+    DaemonSets (the driver's among them) on it. Each sign in words; empty when none."""
+    name = name_of(node)
+    signs = node_rules.label_signs(node)
+    for feature in snap.get("nodeFeatures") or []:
+        if labels_of(feature).get(NODE_FEATURE_NODE_LABEL) != name:
+            continue
+        spec = feature.get("spec") or {}
+        devices = ((spec.get("features") or {}).get("instances") or {}).get("pci.device") or {}
+        found = sorted({str(attrs.get("device", "?"))
+                        for e in devices.get("elements") or []
+                        if (attrs := e.get("attributes") or {}).get("vendor") == MELLANOX_VENDOR})
+        if found:
+            meta = feature.get("metadata") or {}
+            signs.append(f"NodeFeature {meta.get('namespace')}/{meta.get('name')} lists PCI "
+                         f"device(s) {', '.join(f'{MELLANOX_VENDOR}:{d}' for d in found)}")
+    status = node.get("status") or {}
+    advertised = {**(status.get("capacity") or {}), **(status.get("allocatable") or {})}
+    resources = sorted(r for r, v in advertised.items()
+                       if is_device_resource(r) and not r.startswith(NON_NIC_RESOURCES)
+                       and quantity(v) > 0)
+    if resources:
+        signs.append("advertises " + ", ".join(resources))
+    policy_daemonsets = {name_of(ds) for ds in snap.get("daemonSets") or []}
+    agents = sorted(name_of(p) for p in pods_on(snap, name)
+                    if (p.get("metadata") or {}).get("namespace") == snap.get("namespace")
+                    and (ofed.DRIVER_LABEL in labels_of(p)
+                         or owner_name(p, "DaemonSet") in policy_daemonsets))
+    if agents:
+        signs.append("runs operator pod(s) " + ", ".join(agents))
+    return signs
+
+
+def unmanaged_nic(snap: Snapshot, node: Obj) -> str | None:
+    """Why a node with a Mellanox NIC is not managed, with the fix (as node_rules'
+    unmanaged_reason, adding the signs only the whole cluster shows); None if not such a node."""
+    labels = labels_of(node)
+    if node_rules.is_managed(node) or labels.get(ofed.OPT_IN_LABEL) == "false" or any(
+            node_rules.CLASS_VENDOR_LABEL.match(k) for k in labels):
+        return node_rules.unmanaged_reason(node)
+    signs = nic_signs(snap, node)
+    return node_rules.unmanaged_with_signs(name_of(node), signs) if signs else None
+
+
 def leader_of(snap: Snapshot) -> Obj | None:
     """The operator's leader from its Lease; `active` while the lease has not run out."""
     lease = snap.get("lease")
@@ -504,9 +561,9 @@ def _node(snap: Snapshot, node: Obj, expected: list[str]) -> Obj:
     return {
         "name": name,
         "ready": node_ready(node),
-        "mellanoxNic": has_mellanox_nic(node),
+        "mellanoxNic": has_mellanox_nic(node) or bool(nic_signs(snap, node)),
         "managed": managed,
-        "unmanagedReason": node_rules.unmanaged_reason(node),
+        "unmanagedReason": unmanaged_nic(snap, node),
         "driver": driver_of(snap, node),
         "upgradeState": labels.get(upgrade.STATE_LABEL),
         "mofedWait": labels.get(MOFED_WAIT_LABEL),

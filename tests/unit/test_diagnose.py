@@ -11,6 +11,7 @@ from rich.console import Console
 from tests.unit.test_status import NS, cluster_snapshot
 
 from nicop import diagnose as dg
+from nicop import status
 
 Obj = dict[str, Any]
 
@@ -368,3 +369,126 @@ def test_a_crash_looping_agent_of_the_operator_is_named_with_its_last_error() ->
     assert "CrashLoopBackOff" in check.message and "last exit 1" in check.message
     assert "the node's name is needed" in check.message
     assert check.fix == f"kubectl -n {NS} logs sriov-network-config-daemon-x1 --previous"
+
+
+# ------------------------------------------------------------------ a NIC node not managed
+
+
+def _unlabel(snap: Obj, node: str) -> Obj:
+    for n in snap["nodes"]:
+        if n["metadata"]["name"] == node:
+            n["metadata"]["labels"].pop("feature.node.kubernetes.io/pci-15b3.present")
+            return n
+    raise AssertionError(node)
+
+
+def test_a_node_that_lost_its_nfd_label_but_still_shows_its_nic_fails_with_the_fix() -> None:
+    """node-1 lost pci-15b3.present, while its kubelet still advertises nvidia.com/rdma, it
+    carries the driver's upgrade state and mofed.wait labels and runs the driver pod."""
+    snap = cluster_snapshot()
+    _unlabel(snap, "node-1")
+    checks = checks_of(snap)
+    assert dg.failed(checks)
+    managed = find(checks, "node/node-1", "managed")
+    assert managed.result == "fail"
+    assert "node node-1 shows a Mellanox NIC" in managed.message
+    for sign in ("advertises nvidia.com/rdma", "nvidia.com/ofed-driver-upgrade-state",
+                 "network.nvidia.com/operator.mofed.wait", "mofed-ubuntu22.04-ds-aaaaa"):
+        assert sign in managed.message
+    assert "nvidia.com/gpu" not in managed.message  # the GPU operator's resource is no sign
+    assert managed.fix is not None and managed.fix.startswith(
+        "kubectl label node node-1 feature.node.kubernetes.io/pci-15b3.present=true")
+    assert "Node Feature Discovery" in managed.fix
+    # The node-level run says the same (it used to warn that NFD found no NIC).
+    alone = find(checks_of(snap, "node", "node-1"), "node/node-1", "managed")
+    assert (alone.result, alone.fix) == ("fail", managed.fix)
+
+
+@pytest.mark.parametrize("sign", [
+    {"labels": {"feature.node.kubernetes.io/pci-15b3.sriov.capable": "true"}},
+    {"labels": {"feature.node.kubernetes.io/pci-0207_15b3_1021.present": "true"}},
+    {"labels": {"nvidia.com/ofed-driver-upgrade-state": "upgrade-done"}},
+    {"annotations": {"nvidia.com/ofed-driver-upgrade.driver-wait-for-safe-load": "true"}},
+    {"allocatable": {"rdma/hca_shared_devices_a": "63"}},
+    {"nodeFeature": "101d"},
+])
+def test_each_sign_of_a_nic_on_an_unlabelled_node_is_a_failure(sign: Obj) -> None:
+    snap = cluster_snapshot()
+    snap["nodes"].append(_bare_node("node-5"))
+    node = snap["nodes"][-1]
+    node["metadata"]["labels"].update(sign.get("labels", {}))
+    node["metadata"]["annotations"].update(sign.get("annotations", {}))
+    node["status"]["allocatable"].update(sign.get("allocatable", {}))
+    if device := sign.get("nodeFeature"):  # NFD's NodeFeature object, as nfd-worker writes it
+        snap["nodeFeatures"] = [{
+            "metadata": {"name": "node-5", "namespace": "node-feature-discovery",
+                         "labels": {"nfd.node.kubernetes.io/node-name": "node-5"}},
+            "spec": {"features": {"instances": {"pci.device": {"elements": [
+                {"attributes": {"class": "0200", "vendor": "15b3", "device": device}}]}}}}}]
+    check = find(checks_of(snap), "node/node-5", "managed")
+    assert check.result == "fail" and "node node-5 shows a Mellanox NIC" in check.message
+    assert status.summarize(snap)["nodes"][-1]["unmanagedReason"].startswith(
+        "node node-5 shows a Mellanox NIC")
+
+
+def test_a_node_without_any_sign_of_a_nic_is_left_alone() -> None:
+    snap = cluster_snapshot()
+    snap["nodes"].append(_bare_node("node-5"))
+    snap["nodes"][-1]["status"]["allocatable"]["nvidia.com/gpu"] = "8"
+    checks = checks_of(snap)
+    assert not [c for c in checks if c.subject == "node/node-5"]
+    assert status.summarize(snap)["nodes"][-1]["unmanagedReason"] is None
+
+
+def _bare_node(name: str) -> Obj:
+    resources = {"cpu": "64"}
+    return {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name},
+                         "annotations": {}},
+            "spec": {},
+            "status": {"capacity": dict(resources), "allocatable": dict(resources),
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+# ------------------------------------------------------------------ pods bound but not running
+
+
+def test_a_bound_pod_stuck_on_a_missing_network_fails_cluster_wide() -> None:
+    snap = cluster_snapshot()
+    pod = next(p for p in snap["pods"] if p["metadata"]["name"] == "lost-net")
+    pod["status"] = {"phase": "Pending", "containerStatuses": [
+        {"name": "c", "ready": False, "restartCount": 0,
+         "state": {"waiting": {"reason": "ContainerCreating"}}}]}
+    stuck = [c for c in checks_of(snap) if c.name == "pod default/lost-net"]
+    assert {c.result for c in stuck} == {"fail"}
+    missing = next(c for c in stuck if "missing-net" in c.message)
+    assert "on node node-1 does not start" in missing.message
+    assert "NetworkAttachmentDefinition default/missing-net does not exist" in missing.message
+    assert missing.fix is not None and "network-attachment-definitions -A" in missing.fix
+    # Its other network takes a VF the pod does not request: said too.
+    assert any("does not request one" in c.message for c in stuck)
+
+
+def test_a_bound_rdma_pod_stuck_for_another_reason_points_at_diagnose_pod() -> None:
+    snap = cluster_snapshot()
+    pod = next(p for p in snap["pods"] if p["metadata"]["name"] == "train-1")
+    pod["status"] = {"phase": "Pending", "containerStatuses": [
+        {"name": "c", "ready": False, "restartCount": 0,
+         "state": {"waiting": {"reason": "ContainerCreating"}}}]}
+    check = find(checks_of(snap), "cluster", "pod default/train-1")
+    assert check.result == "warn" and "ContainerCreating" in check.message
+    assert check.fix == "nicop diagnose pod default/train-1"
+    # Running, it is not mentioned.
+    assert not [c for c in checks_of(cluster_snapshot()) if c.name == "pod default/train-1"]
+
+
+def test_the_policy_reads_the_signs_a_cached_node_carries() -> None:
+    """The operator caches nodes without their status: its reason (in the policy's Ready
+    message) comes from labels and annotations alone."""
+    from nicop.api.nodes import unmanaged_reason
+
+    snap = cluster_snapshot()
+    node = _unlabel(snap, "node-2")
+    reason = unmanaged_reason({"metadata": node["metadata"]})
+    assert reason is not None and reason.startswith("node node-2 shows a Mellanox NIC")
+    assert "kubectl label node node-2 feature.node.kubernetes.io/pci-15b3.present=true" in reason
+    assert unmanaged_reason(_bare_node("node-5")) is None

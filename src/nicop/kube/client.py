@@ -60,16 +60,17 @@ class Unreachable(ApiError):
         return self.message
 
 
-def load_config(kubeconfig: str | Path | None = None) -> Any:
-    """Connection settings: the given kubeconfig, else $KUBECONFIG or ~/.kube, else in-cluster."""
-    if kubeconfig:
-        return KubeConfig.from_file(kubeconfig).get()
-    return KubeConfig.from_env().get()
+def load_config(kubeconfig: str | Path | None = None, context: str | None = None) -> Any:
+    """Connection settings: the given kubeconfig, else $KUBECONFIG or ~/.kube, else in-cluster;
+    its current context unless `context` names another (as kubectl's --context)."""
+    config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+    return config.get(context_name=context) if context else config.get()
 
 
 class ApiClient:
-    def __init__(self, kubeconfig: str | Path | None = None, timeout: float = 30.0) -> None:
-        self.config = load_config(kubeconfig)
+    def __init__(self, kubeconfig: str | Path | None = None, timeout: float = 30.0,
+                 context: str | None = None) -> None:
+        self.config = load_config(kubeconfig, context)
         self._http = client_adapter.AsyncClient(
             self.config, client_adapter.ConnectionParams(timeout=httpx.Timeout(timeout))
         )
