@@ -22,6 +22,7 @@ ALLOWED = {
     "operator": {"api", "kube"},
     "status": {"api", "kube"},
     "diagnose": {"api", "kube", "status"},
+    "bundle": {"api", "kube", "status", "diagnose", "nicop"},
     "sim": {"api", "kube", "node", "cni"},
 }
 

@@ -6,7 +6,7 @@ needs when it runs, so an agent's probe or `--help` starts fast.
 
 from __future__ import annotations
 
-from nicop.cli import agents, cluster, driver, inspect, operator, sim  # noqa: F401
+from nicop.cli import agents, bundle, cluster, driver, inspect, operator, sim  # noqa: F401
 from nicop.cli.common import app
 
 

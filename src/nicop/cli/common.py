@@ -63,6 +63,10 @@ Kubeconfig = Annotated[
     Path | None,
     typer.Option(envvar="KUBECONFIG", help="Kubeconfig; ~/.kube/config or in-cluster when unset."),
 ]
+KubeContext = Annotated[
+    str | None,
+    typer.Option("--context", help="The kubeconfig context to use; its current one when unset."),
+]
 
 
 def in_container(path: Path) -> Path:

@@ -8,11 +8,14 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from nicop.cli.common import Kubeconfig, app, console, fail, fail_plain
+from nicop.cli.common import Kubeconfig, KubeContext, app, console, fail, fail_plain
 
 OutputFormat = Annotated[
-    str, typer.Option("--output", "-o", help="table (for people), json or yaml (for scripts).")
+    str, typer.Option("--output", "-o",
+                      help="table (for people; wide: never cut to the terminal), json or yaml "
+                      "(for scripts).")
 ]
+OUTPUTS = ("table", "wide", "json", "yaml")
 OperatorNamespace = Annotated[
     str,
     typer.Option("--namespace", "-n", envvar="POD_NAMESPACE",
@@ -41,30 +44,31 @@ def status(
         float, typer.Option(min=0.5, help="Seconds between refreshes with --watch.")
     ] = 2.0,
     kubeconfig: Kubeconfig = None,
+    context: KubeContext = None,
     namespace: OperatorNamespace = "nvidia-network-operator",
 ) -> None:
     """Operator and leader, policy components, every node's driver, resources and VFs, IPAM
     pools and driver upgrade progress (-o json follows docs/status-schema.json)."""
     from nicop import status as status_module
 
-    if output not in ("table", "json", "yaml"):
-        raise fail(f"--output must be table, json or yaml, not {output!r}")
-    if watch and output != "table":
+    if output not in OUTPUTS:
+        raise fail(f"--output must be table, wide, json or yaml, not {output!r}")
+    if watch and output not in ("table", "wide"):
         raise fail("--watch refreshes the tables; for scripts, run -o json repeatedly")
 
     def read() -> dict[str, object]:
         try:
             snap = status_module.read_cluster(
-                kubeconfig, lambda client: status_module.collect(client, namespace))
+                kubeconfig, lambda client: status_module.collect(client, namespace), context)
         except status_module.ClusterReadError as e:
             raise fail_plain(str(e)) from None
         return status_module.summarize(snap)
 
     if not watch:
         summary = read()
-        if output == "table":
-            # Piped into a file or a pager: as wide as the tables need, not 80 columns.
-            out = console if console.is_terminal else Console(
+        if output in ("table", "wide"):
+            # Piped into a file or a pager, or -o wide: as wide as the tables need.
+            out = console if console.is_terminal and output == "table" else Console(
                 width=max(console.width, 240), highlight=False, soft_wrap=True)
             out.print(status_module.render(summary))
         else:
@@ -80,7 +84,7 @@ def status(
         """The tables, or why the cluster could not be read this time (the watch goes on)."""
         try:
             snap = status_module.read_cluster(
-                kubeconfig, lambda client: status_module.collect(client, namespace))
+                kubeconfig, lambda client: status_module.collect(client, namespace), context)
         except status_module.ClusterReadError as e:
             return Text(f"cannot read the cluster: {e}; trying again every {interval:g}s",
                         style="red")
@@ -107,6 +111,7 @@ def diagnose(
     ] = None,
     output: OutputFormat = "table",
     kubeconfig: Kubeconfig = None,
+    context: KubeContext = None,
     namespace: OperatorNamespace = "nvidia-network-operator",
 ) -> None:
     """Run the troubleshooting checklist on the cluster, a node or a pod; every failure names
@@ -114,21 +119,24 @@ def diagnose(
     from nicop import diagnose as diagnose_module
     from nicop import status as status_module
 
-    if output not in ("table", "json", "yaml"):
-        raise fail(f"--output must be table, json or yaml, not {output!r}")
+    if output not in OUTPUTS:
+        raise fail(f"--output must be table, wide, json or yaml, not {output!r}")
     try:
         target = diagnose_module.Target.parse(kind, name)
     except ValueError as e:
         raise fail(str(e)) from None
     try:
         snap = status_module.read_cluster(
-            kubeconfig, lambda client: diagnose_module.collect(client, namespace, target))
+            kubeconfig, lambda client: diagnose_module.collect(client, namespace, target),
+            context)
     except status_module.ClusterReadError as e:
         raise fail_plain(str(e)) from None
     checks = diagnose_module.diagnose(snap, target)
     result = diagnose_module.report(snap, target, checks)
-    if output == "table":
-        console.print(diagnose_module.render(result))
+    if output in ("table", "wide"):
+        out = console if console.is_terminal and output == "table" else Console(
+            width=max(console.width, 240), highlight=False, soft_wrap=True)
+        out.print(diagnose_module.render(result))
     else:
         _print_data(result, output)
     if diagnose_module.failed(checks):

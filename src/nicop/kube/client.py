@@ -274,6 +274,20 @@ class ApiClient:
             if not (missing_ok and e.code == 404):
                 raise
 
+    async def read_text(self, res: Resource, path: str, params: dict[str, Any] | None = None,
+                        timeout: float | None = None) -> str:
+        """A GET whose answer is text, not an object: a pod's log, the server's /version."""
+        self._count("get", res)
+        try:
+            resp = await self._http.request(
+                "GET", path, params=params,
+                timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else httpx.Timeout(timeout))
+        except httpx.TransportError as e:
+            raise Unreachable(e) from None
+        if resp.status_code >= 400:
+            raise _error(resp.status_code, resp.content)
+        return resp.content.decode(errors="replace")
+
     async def evict(self, name: str, namespace: str) -> None:
         """Evict through the Eviction API, so PodDisruptionBudgets hold (429: not now)."""
         body = {

@@ -1,0 +1,45 @@
+"""`kubectl nicop`: the readers as a kubectl plugin.
+
+kubectl runs any `kubectl-<name>` executable on PATH as `kubectl <name>`, passing the rest of the
+command line unchanged; the package installs `kubectl-nicop`. Its commands are nicop's own
+`status`, `diagnose` and `bundle`, with kubectl's flags: --kubeconfig (or $KUBECONFIG),
+--context, -n for the operator's namespace, -o json|yaml|wide, and exit 1 when something failed.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from nicop.cli import bundle, inspect
+
+EXAMPLES = """\
+Examples:
+
+  # Everything nicop runs, node by node
+  kubectl nicop status
+  # The same as JSON for scripts (docs/status-schema.json), from another context
+  kubectl nicop status -o json --context prod
+  # The troubleshooting checklist of the cluster; exits 1 when a check fails
+  kubectl nicop diagnose
+  # Why a node or a pod has no RDMA
+  kubectl nicop diagnose node worker-3
+  kubectl nicop diagnose pod default/trainer-0 -o yaml
+  # A support archive, operator installed in another namespace
+  kubectl nicop bundle -n network-operator -o support.tar.gz
+"""
+
+plugin = typer.Typer(
+    name="kubectl nicop",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="nicop's status, diagnosis and support bundle, as a kubectl plugin.",
+    epilog=EXAMPLES,
+)
+plugin.command("status", epilog=EXAMPLES)(inspect.status)
+plugin.command("diagnose", epilog=EXAMPLES)(inspect.diagnose)
+plugin.command("bundle", epilog=EXAMPLES)(bundle.bundle)
+
+
+def main() -> None:
+    plugin(prog_name="kubectl nicop")
