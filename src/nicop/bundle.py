@@ -335,6 +335,13 @@ async def _logs(client: ApiClient, bundle: Bundle, namespace: str, pods: list[Ob
             try:
                 text = await client.read_text(POD, POD.path(namespace, name) + "/log", params,
                                               timeout=LOG_TIMEOUT)
+            except Unreachable as e:
+                reason = f"no answer within {LOG_TIMEOUT:g}s ({e.message})"
+                if node:
+                    unreachable[node] = f"the kubelet of node {node} did not serve logs: {reason}"
+                    reason = unreachable[node]
+                bundle.cannot(item, reason)
+                return
             except ApiError as e:
                 reason = f"{e.code} {e.reason}: {e.message}"
                 if e.code in (500, 502, 503, 504) and node:
