@@ -136,7 +136,8 @@ def test_every_node_rule_decides_the_same_on_the_trimmed_node(whole: dict[str, A
         fits = daemon_pod_filter(template)
         assert fits(trimmed) == fits(whole)
     for rule in (is_managed, unmanaged_reason,
-                 lambda n: (NodeView(n, None, True).ready, NodeView(n, None, True).unschedulable,
+                 lambda n: (NodeView(n, None, True).not_ready,
+                            NodeView(n, None, True).unschedulable,
                             NodeView(n, None, True).annotations, NodeView(n, None, True).state)):
         assert rule(trimmed) == rule(whole)
     assert "managedFields" not in trimmed["metadata"]

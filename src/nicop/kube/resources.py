@@ -61,6 +61,7 @@ CRD = Resource(
     "apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions",
     namespaced=False,
 )
+PERSISTENT_VOLUME_CLAIM = Resource("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims")
 POD_DISRUPTION_BUDGET = Resource("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets")
 NETWORK_ATTACHMENT_DEFINITION = Resource(
     "k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition", "network-attachment-definitions"

@@ -1,0 +1,183 @@
+"""A driver upgrade of 10 nodes whose drain a PodDisruptionBudget blocks on one, sampled every
+second: an upgrade-failed node keeps its maxParallelUpgrades slot as upstream's upgrade library
+counts it (NVIDIA/k8s-operator-libs pkg/upgrade/common_manager.go, GetUpgradesInProgress and
+GetUpgradesAvailable), so the upgrade never has more nodes cordoned than maxParallelUpgrades.
+
+This module runs its own control plane with 10 nodes and its own operator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lightkube import Client
+from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import create_global_resource
+from lightkube.models.apps_v1 import DeploymentSpec
+from lightkube.models.core_v1 import Container, PodSpec, PodTemplateSpec
+from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
+from lightkube.models.policy_v1 import PodDisruptionBudgetSpec
+from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
+from lightkube.resources.policy_v1 import PodDisruptionBudget
+from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
+
+from nicop.api.install import install_crds
+from nicop.sim.cluster import LocalCluster, running_cluster
+
+NODES = 10
+BLOCKED = "node-1"  # among the first three to start, so its failure happens mid-rollout
+STATE = "nvidia.com/ofed-driver-upgrade-state"
+NicClusterPolicy = create_global_resource(
+    "mellanox.com", "v1alpha1", "NicClusterPolicy", "nicclusterpolicies"
+)
+OLD, NEW = "doca3.5.0-26.07-0.7.0.0-0", "doca3.5.0-26.07-1.0.0.0-0"
+
+
+def policy(version: str) -> dict[str, Any]:
+    # No maxUnavailable: upstream's network-operator never passes one, so only
+    # maxParallelUpgrades limits the rollout.
+    return {
+        "apiVersion": "mellanox.com/v1alpha1", "kind": "NicClusterPolicy",
+        "metadata": {"name": "nic-cluster-policy"},
+        "spec": {"ofedDriver": {
+            "image": "doca-driver", "repository": "nvcr.io/nvidia/mellanox", "version": version,
+            "upgradePolicy": {
+                "autoUpgrade": True, "maxParallelUpgrades": 3,
+                "drain": {"enable": True, "timeoutSeconds": 20, "deleteEmptyDir": True},
+            },
+        }},
+    }
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory,
+            controlplane_bin: Path) -> Iterator[LocalCluster]:
+    with running_cluster(tmp_path_factory.mktemp("slots-cluster"), controlplane_bin,
+                         nodes=NODES, profiles=["cx6dx"],
+                         node_agents=False) as cluster:  # upstream's images: kwok plays all
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def client(cluster: LocalCluster) -> Client:
+    c: Client = cluster.client()
+    install_crds(c)
+    c.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
+    c.create(Namespace(metadata=ObjectMeta(name="work")))
+    wait_for(lambda: _exists(c, ServiceAccount, "default", "work"), 30, "default SA")
+    return c
+
+
+@pytest.fixture
+def op(cluster: LocalCluster, client: Client, tmp_path: Path) -> Iterator[OperatorProcess]:
+    proc = OperatorProcess(cluster.kubeconfig, NAMESPACE, tmp_path / "operator.log")
+    proc.wait_ready()
+    yield proc
+    proc.stop()
+    with contextlib.suppress(ApiError):
+        client.delete(NicClusterPolicy, "nic-cluster-policy")
+
+
+def _exists(client: Client, kind: Any, name: str, namespace: str) -> bool:
+    try:
+        client.get(kind, name, namespace=namespace)
+    except ApiError:
+        return False
+    return True
+
+
+class CordonSampler:
+    """Lists the nodes once a second and remembers which were cordoned at each sample."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.samples: list[frozenset[str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append(frozenset(
+                n.metadata.name for n in self.client.list(Node) if n.spec.unschedulable))
+            self._stop.wait(1.0)  # the sampling period, not a wait for anything
+
+    def stop(self) -> list[frozenset[str]]:
+        self._stop.set()
+        self._thread.join(10)
+        return self.samples
+
+
+def states(client: Client) -> dict[str, str | None]:
+    return {n.metadata.name: (n.metadata.labels or {}).get(STATE) for n in client.list(Node)}
+
+
+def driver_versions(client: Client) -> dict[str, str]:
+    return {p.spec.nodeName: p.spec.containers[0].image
+            for p in client.list(Pod, namespace=NAMESPACE) if p.spec.nodeName}
+
+
+def workloads(client: Client) -> None:
+    """Ten training pods no PDB protects, and one pod on BLOCKED that its PDB never lets go."""
+    train = {"app": "train"}
+    client.create(Deployment(
+        metadata=ObjectMeta(name="train", namespace="work"),
+        spec=DeploymentSpec(
+            replicas=10, selector=LabelSelector(matchLabels=train),
+            template=PodTemplateSpec(metadata=ObjectMeta(labels=train), spec=PodSpec(
+                containers=[Container(name="c", image="registry.local/train:1")])))))
+    stuck = {"app": "stuck"}
+    client.create(Deployment(
+        metadata=ObjectMeta(name="stuck", namespace="work"),
+        spec=DeploymentSpec(
+            replicas=1, selector=LabelSelector(matchLabels=stuck),
+            template=PodTemplateSpec(metadata=ObjectMeta(labels=stuck), spec=PodSpec(
+                nodeSelector={"kubernetes.io/hostname": BLOCKED},
+                containers=[Container(name="c", image="registry.local/db:1")])))))
+    client.create(PodDisruptionBudget(
+        metadata=ObjectMeta(name="stuck", namespace="work"),
+        spec=PodDisruptionBudgetSpec(minAvailable=1, selector=LabelSelector(matchLabels=stuck))))
+    wait_for(lambda: [p.status.phase for p in client.list(Pod, namespace="work")]
+             == ["Running"] * 11, 60, "workloads running")
+
+
+def test_a_failed_node_keeps_its_slot_so_at_most_3_nodes_are_ever_cordoned(
+    client: Client, op: OperatorProcess
+) -> None:
+    """10 nodes, maxParallelUpgrades 3, BLOCKED's drain refused by a PodDisruptionBudget until
+    its 20 s drain timeout fails it (nicop's documented behaviour: the node stays cordoned in
+    upgrade-failed with the reason, until its driver is Ready). Sampled every second through the
+    whole rollout, never more than 3 nodes are cordoned; the 9 others finish."""
+    workloads(client)
+    client.apply(NicClusterPolicy(**policy(OLD)), field_manager="test", force=True)
+    wait_for(lambda: set(states(client).values()) == {"upgrade-done"}
+             and len(driver_versions(client)) == NODES, 120, "every node upgrade-done at first")
+    sampler = CordonSampler(client)
+    try:
+        client.apply(NicClusterPolicy(**policy(NEW)), field_manager="test", force=True)
+
+        def finished() -> bool:
+            s = states(client)
+            versions = driver_versions(client)
+            others = [n for n in s if n != BLOCKED]
+            return (s[BLOCKED] == "upgrade-failed"
+                    and all(s[n] == "upgrade-done" and f":{NEW}-" in versions.get(n, "")
+                            for n in others)
+                    and [n.metadata.name for n in client.list(Node) if n.spec.unschedulable]
+                    == [BLOCKED])
+
+        wait_for(finished, 300, f"{BLOCKED} to fail and the 9 others to finish")
+    finally:
+        samples = sampler.stop()
+    worst = max(samples, key=len)
+    assert len(worst) <= 3, f"more nodes cordoned than maxParallelUpgrades: {sorted(worst)}"
+    assert len(worst) == 3, "the rollout did use its 3 slots"
+    # While BLOCKED sat failed and cordoned, it held one of the 3 slots.
+    assert any(BLOCKED in s and len(s) == 3 for s in samples), samples
+    assert f":{OLD}-" in driver_versions(client)[BLOCKED], "its driver was never replaced"
