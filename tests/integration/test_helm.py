@@ -54,7 +54,8 @@ APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
 # only cluster-scoped RBAC objects the chart lets the operator write.
 COMPONENT_RBAC = ("multus", "ofed-driver", "ib-kubernetes", "nv-ipam-controller", "nv-ipam-node",
                   "sriov-network-config-daemon", "nicop-cni-daemon", "rdma-shared-dp-ds",
-                  "network-operator-sriov-device-plugin", "sriov-device-plugin")
+                  "network-operator-sriov-device-plugin", "sriov-device-plugin",
+                  "nic-configuration-operator", "spectrum-x-operator")
 
 
 # ------------------------------------------------------------------ helm

@@ -13,6 +13,7 @@ import yaml
 from lightkube import Client
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource
+from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import DaemonSet, Deployment
 from lightkube.resources.core_v1 import ConfigMap, Event, Node, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
@@ -93,6 +94,7 @@ def test_infiniband_policy_goes_ready_and_orders_plugins_after_the_driver(
         "state-SRIOV-device-plugin": "ignore", "state-RDMA-device-plugin": "ready",
         "state-ib-kubernetes": "ready", "state-nv-ipam-cni": "ready",
         "state-nic-feature-discovery": "ignore", "state-doca-telemetry-service": "ignore",
+        "state-nic-configuration-operator": "ignore", "state-spectrum-x-operator": "ignore",
     }
     objects = nicop_objects(client)
     for name in ("DaemonSet/kube-multus-ds", "DaemonSet/cni-plugins-ds",
@@ -245,3 +247,46 @@ def test_an_upstream_policy_with_removed_fields_is_applied_with_a_warning(
     for field in ("spec.psp", "spec.nvPeerDriver", "spec.secondaryNetwork.ipamPlugin"):
         assert field in condition["message"]
     assert states(client)["state-OFED"] in ("notReady", "ready")  # the rest is applied as usual
+
+
+def test_nic_configuration_and_spectrum_x_go_ready_and_say_what_nicop_lacks(
+    client: Client, operator: OperatorProcess, clean: None
+) -> None:
+    """Upstream's nicConfigurationOperator and spectrumXOperator sections (the example, from
+    Mellanox/network-operator example/crs/mellanox.com_v1alpha1_nicclusterpolicy_cr-full.yaml and
+    its docs) are rendered and reach ready, their pods played by kwok; the status says what nicop
+    does not render, and a firmware PVC no provisioner binds is named with its storage class."""
+    body = example("nicclusterpolicy-nic-configuration-spectrum-x.yaml")
+    storage = body["spec"]["nicConfigurationOperator"].pop("nicFirmwareStorage")
+    apply_policy(client, body)
+    wait_for(lambda: policy_status(client).get("state") == "ready", 90,
+             "the NIC configuration and Spectrum-X policy to become ready")
+    assert states(client)["state-nic-configuration-operator"] == "ready"
+    assert states(client)["state-spectrum-x-operator"] == "ready"
+    objects = nicop_objects(client)
+    for name in ("Deployment/nic-configuration-operator", "DaemonSet/nic-configuration-daemon",
+                 "DaemonSet/spectrum-x-flowcontroller", "ClusterRole/nic-configuration-operator",
+                 "ClusterRole/spectrum-x-operator", "ServiceAccount/spectrum-x-operator"):
+        assert name in objects
+    flow = client.get(DaemonSet, "spectrum-x-flowcontroller", namespace=NAMESPACE)
+    assert flow.spec.selector.matchLabels == {"control-plane": "spectrum-x-flowcontroller"}
+    assert flow.status.numberAvailable == 3, "the three nodes with a Mellanox NIC label"
+    crds = {c.metadata.name: c for c in client.list(CustomResourceDefinition)}
+    for name in ("nicdevices.configuration.net.nvidia.com",
+                 "spectrumxrailpoolconfigs.spectrumx.nvidia.com"):
+        assert any(c.type == "Established" and c.status == "True"
+                   for c in crds[name].status.conditions)
+    conditions = {c["type"]: c for c in policy_status(client)["conditions"]}
+    gap = conditions["NicConfigurationOperatorReady"]["message"]
+    assert "spec.nicConfigurationOperator" in gap and "supported NIC firmware" in gap
+
+    body["spec"]["nicConfigurationOperator"]["nicFirmwareStorage"] = storage
+    apply_policy(client, body)
+
+    def pending() -> str:
+        applied = {s["name"]: s for s in policy_status(client).get("appliedStates", [])}
+        return str(applied.get("state-nic-configuration-operator", {}).get("message", ""))
+
+    text = wait_for(lambda: "nic-fw-storage-pvc is Pending" in pending() and pending(), 60,
+                    "the unbound firmware PVC in status")
+    assert "nic-fw-storage-class" in text

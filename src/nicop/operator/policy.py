@@ -38,10 +38,12 @@ from nicop.kube.resources import (
     CLUSTER_ROLE,
     CLUSTER_ROLE_BINDING,
     CONFIGMAP,
+    CRD,
     DAEMONSET,
     DEPLOYMENT,
     NIC_CLUSTER_POLICY,
     NODE,
+    PERSISTENT_VOLUME_CLAIM,
     POD,
     SERVICE_ACCOUNT,
     Obj,
@@ -55,12 +57,17 @@ from nicop.operator import nodes as node_rules
 from nicop.operator import writes
 from nicop.operator.states import STATES
 from nicop.operator.states.base import Context, RenderError, State, content_hash
+from nicop.operator.states.partial import PartialState
 from nicop.operator.writes import WriteFailed
 
 log = logging.getLogger(__name__)
 
 NCP = NIC_CLUSTER_POLICY
-OWNED = (SERVICE_ACCOUNT, CONFIGMAP, CLUSTER_ROLE, CLUSTER_ROLE_BINDING, DAEMONSET, DEPLOYMENT)
+OWNED = (SERVICE_ACCOUNT, CONFIGMAP, CLUSTER_ROLE, CLUSTER_ROLE_BINDING, DAEMONSET, DEPLOYMENT,
+         CRD, PERSISTENT_VOLUME_CLAIM)
+# As upstream: a component's CRDs stay when its section is removed (their CRs would go with
+# them); they go with the policy, through its ownerReference.
+KEPT_ON_REMOVAL = (CRD,)
 NOT_READY_RECHECK = 30.0
 MAX_RETRY = 60.0  # seconds between tries of a write the API server keeps refusing
 
@@ -163,6 +170,7 @@ class PolicyController:
         section = state.section_of(ctx.policy)
         existing = self._objects_of(state.name)
         if section is None:
+            existing = [(res, o) for res, o in existing if res not in KEPT_ON_REMOVAL]
             for res, obj in existing:
                 await writes.delete(self.client, res, obj)
             if existing:
@@ -194,9 +202,11 @@ class PolicyController:
         if stale:
             return Applied(state.name, "notReady", f"deleting {len(stale)} stale objects")
         problems = [p for obj in objects if (p := self._not_ready(obj, ctx, unmanaged))]
+        # What nicop does not do for this section is said whether or not it is ready.
+        gaps = state.unsupported(section, state.path) if isinstance(state, PartialState) else []
         if problems:
-            return Applied(state.name, "notReady", "; ".join(problems))
-        return Applied(state.name, "ready")
+            return Applied(state.name, "notReady", "; ".join(problems + gaps))
+        return Applied(state.name, "ready", "; ".join(gaps))
 
     def _own(self, obj: Obj, state: State, policy: Obj) -> None:
         """Label, annotate and owner-reference a rendered object (the revision hashes the rest)."""
@@ -228,6 +238,17 @@ class PolicyController:
         generation = cached["metadata"].get("generation", 0)
         if res in (DAEMONSET, DEPLOYMENT) and status.get("observedGeneration", 0) < generation:
             return f"{where} is being updated"
+        if res == CRD:
+            established = any(c.get("type") == "Established" and c.get("status") == "True"
+                              for c in status.get("conditions") or [])
+            return None if established else f"{where} is not established yet"
+        if res == PERSISTENT_VOLUME_CLAIM:
+            phase = status.get("phase", "Pending")
+            if phase == "Bound":
+                return None
+            storage_class = cached["spec"].get("storageClassName") or "the default class"
+            return (f"{where} is {phase}: no volume of storage class {storage_class} is bound "
+                    "to it (is there a provisioner for that class?)")
         if res == DEPLOYMENT:
             want = cached["spec"].get("replicas", 1)
             have = status.get("readyReplicas", 0)

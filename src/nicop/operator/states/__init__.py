@@ -6,10 +6,12 @@ from nicop.operator.states import (
     ib_kubernetes,
     ipoib,
     multus,
+    nic_configuration_operator,
     nic_feature_discovery,
     nv_ipam,
     ofed,
     rdma_dp,
+    spectrum_x_operator,
     sriov_dp,
 )
 from nicop.operator.states.base import State
@@ -25,4 +27,6 @@ STATES: tuple[State, ...] = (
     nv_ipam.STATE,
     nic_feature_discovery.STATE,
     doca_telemetry.STATE,
+    nic_configuration_operator.STATE,
+    spectrum_x_operator.STATE,
 )

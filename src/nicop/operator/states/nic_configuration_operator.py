@@ -1,0 +1,168 @@
+"""state-nic-configuration-operator: the NIC configuration operator (firmware and NIC settings
+through CRs of configuration.net.nvidia.com) and its node daemon, as upstream renders them
+(Mellanox/network-operator manifests/state-nic-configuration-operator). nicop has no agent of
+its own for either: they run upstream's images."""
+
+from __future__ import annotations
+
+from nicop.kube.resources import Obj
+from nicop.operator.states.base import (
+    AFTER_DRIVER,
+    Context,
+    cluster_rbac,
+    config_map,
+    container,
+    daemonset,
+    deployment,
+    host_path,
+    image,
+    metadata,
+    service_account,
+)
+from nicop.operator.states.component_crds import preserved_crd
+from nicop.operator.states.partial import PartialState
+
+NAME = "nic-configuration-operator"
+DAEMON = "nic-configuration-daemon"
+GROUP = "configuration.net.nvidia.com"
+KINDS = {  # kind -> plural, of the five v1alpha1 CRDs upstream ships in this state
+    "NicConfigurationTemplate": "nicconfigurationtemplates",
+    "NicDevice": "nicdevices",
+    "NicFirmwareSource": "nicfirmwaresources",
+    "NicFirmwareTemplate": "nicfirmwaretemplates",
+    "NicInterfaceNameTemplate": "nicinterfacenametemplates",
+}
+OPERATOR_SELECTOR = {"app.kubernetes.io/component": NAME}
+DAEMON_SELECTOR = {"app.kubernetes.io/name": DAEMON}
+# Upstream's resources when the policy sets none for the container.
+OPERATOR_RESOURCES = {"limits": {"cpu": "500m", "memory": "128Mi"},
+                      "requests": {"cpu": "10m", "memory": "64Mi"}}
+DAEMON_RESOURCES = {"limits": {"cpu": "500m", "memory": "1Gi"},
+                    "requests": {"cpu": "100m", "memory": "512Mi"}}
+SUPPORTED_FIRMWARE_CONFIG_MAP = "nic-configuration-operator-supported-nic-firmware"
+ALL = ["create", "delete", "get", "list", "patch", "update", "watch"]
+
+
+def _rules() -> list[Obj]:
+    rules: list[Obj] = [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["nodes"],
+         "verbs": ["get", "list", "patch", "update", "watch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+        {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ALL},
+        {"apiGroups": ["maintenance.nvidia.com"], "resources": ["nodemaintenances"],
+         "verbs": ALL},
+        {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ALL},
+    ]
+    for plural in KINDS.values():
+        rules += [{"apiGroups": [GROUP], "resources": [plural], "verbs": ALL},
+                  {"apiGroups": [GROUP], "resources": [f"{plural}/status"],
+                   "verbs": ["get", "patch", "update"]}]
+        if plural != "nicinterfacenametemplates":
+            rules.append({"apiGroups": [GROUP], "resources": [f"{plural}/finalizers"],
+                          "verbs": ["update"]})
+    return rules
+
+
+def _resources(c: Obj, default: Obj) -> Obj:
+    c.setdefault("resources", default)
+    return c
+
+
+def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
+    operator, daemon = spec.get("operator") or {}, spec.get("configurationDaemon") or {}
+    env = [{"name": "LOG_LEVEL", "value": spec.get("logLevel", "info")}, *(spec.get("env") or [])]
+    storage = spec.get("nicFirmwareStorage")
+    objects = [preserved_crd(ctx, GROUP, "v1alpha1", kind, plural)
+               for kind, plural in KINDS.items()]
+    objects += [service_account(ctx, NAME), *cluster_rbac(ctx, NAME, _rules()),
+                # Upstream's image reads the firmware versions it may install from here.
+                config_map(ctx, SUPPORTED_FIRMWARE_CONFIG_MAP, {})]
+    operator_mounts: list[Obj] = []
+    daemon_mounts: list[Obj] = []
+    volumes: list[Obj] = []
+    if storage is not None:
+        claim = storage.get("pvcName", "nic-fw-storage-pvc")
+        if storage.get("create", True):
+            pvc: Obj = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                        "metadata": metadata(ctx, claim),
+                        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {
+                            "storage": storage.get("availableStorageSize", "1Gi")}}}}
+            if storage.get("storageClassName"):
+                pvc["spec"]["storageClassName"] = storage["storageClassName"]
+            objects.append(pvc)
+        volumes = [{"name": "firmware-cache", "persistentVolumeClaim": {"claimName": claim}}]
+        operator_mounts = [{"name": "firmware-cache", "mountPath": "/nic-firmware",
+                            "readOnly": False}]
+        daemon_mounts = [{"name": "firmware-cache", "mountPath": "/nic-firmware",
+                          "readOnly": True}]
+
+    manager = _resources(container(
+        "manager", image(ctx, operator, f"{path}.operator"), operator,
+        command=["/manager"], env=env,
+        securityContext={"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        livenessProbe={"httpGet": {"path": "/healthz", "port": 8081},
+                       "initialDelaySeconds": 15, "periodSeconds": 20},
+        readinessProbe={"httpGet": {"path": "/readyz", "port": 8081},
+                        "initialDelaySeconds": 5, "periodSeconds": 10},
+        mounts=operator_mounts or None), OPERATOR_RESOURCES)
+    deploy = deployment(ctx, NAME, operator, [manager], service_account_name=NAME)
+    deploy["metadata"]["labels"].update(OPERATOR_SELECTOR)
+    deploy["spec"]["selector"] = {"matchLabels": OPERATOR_SELECTOR}
+    pod_meta = deploy["spec"]["template"]["metadata"]
+    pod_meta["labels"] = dict(OPERATOR_SELECTOR)
+    pod_meta["annotations"] = {"kubectl.kubernetes.io/default-container": "manager"}
+    pod = deploy["spec"]["template"]["spec"]
+    pod["tolerations"] = [
+        {"key": "node-role.kubernetes.io/master", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
+         "effect": "NoSchedule"},
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        *(ctx.spec.get("deploymentTolerations") or [])]
+    if affinity := ctx.spec.get("deploymentNodeAffinity") or ctx.spec.get("nodeAffinity"):
+        pod["affinity"] = {"nodeAffinity": affinity}
+    pod["securityContext"] = {"fsGroup": 65532, "runAsNonRoot": True}
+    pod["terminationGracePeriodSeconds"] = 10
+    if volumes:
+        pod["volumes"] = volumes
+    objects.append(deploy)
+
+    host = [host_path("sys", "/sys"), host_path("proc", "/proc"),
+            host_path("host", "/", "/host"), host_path("dev", "/dev")]
+    for _, mount in host[:2]:
+        mount["readOnly"] = False
+    node_env = [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                {"name": "NAMESPACE",
+                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}, *env]
+    agent = _resources(container(
+        DAEMON, image(ctx, daemon, f"{path}.configurationDaemon"), daemon,
+        mounts=[m for _, m in host] + daemon_mounts, privileged=True, env=node_env),
+        DAEMON_RESOURCES)
+    ds = daemonset(ctx, DAEMON, daemon, [agent], app=DAEMON, node_selector=AFTER_DRIVER,
+                   volumes=[v for v, _ in host] + volumes, service_account_name=NAME)
+    ds["metadata"]["labels"].update(DAEMON_SELECTOR)
+    ds["spec"]["selector"] = {"matchLabels": DAEMON_SELECTOR}
+    ds["spec"]["template"]["metadata"] = {
+        "labels": {"nvidia.com/nic-configuration-daemon": "", **DAEMON_SELECTOR},
+        "annotations": {"kubectl.kubernetes.io/default-container": DAEMON}}
+    pod = ds["spec"]["template"]["spec"]
+    pod["nodeSelector"] = dict(AFTER_DRIVER)
+    pod["hostPID"] = True
+    pod["terminationGracePeriodSeconds"] = 10
+    if affinity := ctx.spec.get("nodeAffinity"):
+        pod["affinity"] = {"nodeAffinity": affinity}
+    else:
+        pod.pop("affinity", None)
+    objects.append(ds)
+    return objects
+
+
+def unsupported(spec: Obj, path: str) -> list[str]:
+    """What nicop does not render as upstream does, said in the policy's status."""
+    return [f"{path}: ConfigMap {SUPPORTED_FIRMWARE_CONFIG_MAP} is rendered without upstream's "
+            "table of supported NIC firmware per DOCA release (nicop does not ship it); "
+            "NicFirmwareTemplates that rely on it find no supported version until it is filled"]
+
+
+STATE = PartialState("state-nic-configuration-operator", ("nicConfigurationOperator",),
+                     "NicConfigurationOperatorReady", render, unsupported)
