@@ -187,6 +187,23 @@ def test_operator_deployment_is_what_the_operator_expects(helm: Path) -> None:
     assert container["image"] == f"nicop:{APP_VERSION}"
 
 
+def test_driver_init_container_image_is_set_as_upstreams_chart_sets_it(helm: Path) -> None:
+    """Upstream's chart (Mellanox/network-operator deployment/network-operator/values.yaml,
+    `operator.ofedDriver.initContainer`) turns the driver init container on by default and
+    hands its image to the operator as OFED_INIT_CONTAINER_IMAGE; `enable: false` drops it."""
+    def env(*values: str) -> dict[str, str]:
+        container = one(render(helm, "nicop", "nvidia-network-operator", *values),
+                        "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e.get("value", "") for e in container["env"]}
+
+    assert env()["OFED_INIT_CONTAINER_IMAGE"] == (
+        "nvcr.io/nvidia/mellanox/network-operator-init-container:network-operator-v25.10.0")
+    assert env("ofedDriver.initContainer.repository=reg.example.com/mirror",
+               "ofedDriver.initContainer.version=v1")["OFED_INIT_CONTAINER_IMAGE"] == (
+        "reg.example.com/mirror/network-operator-init-container:v1")
+    assert "OFED_INIT_CONTAINER_IMAGE" not in env("ofedDriver.initContainer.enable=false")
+
+
 # ------------------------------------------------------------------ the API server's verdict
 
 

@@ -63,17 +63,17 @@ def multus_pods(client: Client) -> list[Pod]:
 
 def test_a_daemonset_with_another_selector_is_taken_over_without_a_gap(
         client: Client, operator: OperatorProcess, clean: None) -> None:
-    """Upstream's Multus DaemonSet, as its operator renders it (Mellanox/network-operator
-    manifests/state-multus-cni/0050-multus-ds.yml: name kube-multus-ds, selector
-    `name: multus`, pods labelled `name`, `tier: node`, `app: multus`), is in nicop's way:
-    nicop selects `app: multus`, and a selector cannot change in place. nicop recreates it
-    keeping its pods, the new DaemonSet adopts them and replaces each only once its
-    replacement is Ready: no node is without a Multus pod at any moment."""
+    """A Multus DaemonSet selecting its pods by `app: multus` only (as nicop's releases before
+    it took upstream's selectors did) is in the way: nicop now selects `name: multus`, as
+    upstream's Mellanox/network-operator manifests/state-multus-cni/0050-multus-ds.yml, and a
+    selector cannot change in place. nicop recreates it keeping its pods, the new DaemonSet
+    adopts them and replaces each only once its replacement is Ready: no node is without a
+    Multus pod at any moment."""
     labels = {"name": "multus", "tier": "node", "app": "multus"}
     old = client.create(DaemonSet(
         metadata=ObjectMeta(name="kube-multus-ds", namespace=NAMESPACE),
         spec=DaemonSetSpec(
-            selector=LabelSelector(matchLabels={"name": "multus"}),
+            selector=LabelSelector(matchLabels={"app": "multus"}),
             template=PodTemplateSpec(metadata=ObjectMeta(labels=labels), spec=PodSpec(
                 containers=[Container(name="kube-multus",
                                       image="ghcr.io/k8snetworkplumbingwg/multus-cni:v4.0.2")]))),
@@ -108,7 +108,7 @@ def test_a_daemonset_with_another_selector_is_taken_over_without_a_gap(
     assert not gaps, f"nodes without a Ready Multus pod during the takeover: {sorted(set(gaps))}"
     new = client.get(DaemonSet, "kube-multus-ds", namespace=NAMESPACE)
     assert new.metadata.uid != old.metadata.uid
-    assert new.spec.selector.matchLabels == {"app": "multus"}
+    assert new.spec.selector.matchLabels == {"name": "multus"}
     events = [e for e in client.list(Event, namespace="default")
               if e.involvedObject.name == "nic-cluster-policy" and e.reason == "Recreated"]
     assert events and "kube-multus-ds" in events[0].message

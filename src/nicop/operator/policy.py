@@ -137,6 +137,7 @@ class PolicyController:
         all_nodes = self.nodes.store.items()
         ctx = Context(policy, self.namespace,
                       managed_nodes=[n for n in all_nodes if is_managed(n)],
+                      opt_in_used=any(OPT_IN_LABEL in labels_of(n) for n in all_nodes),
                       **self.context)
         unmanaged = [r for n in all_nodes if (r := unmanaged_reason(n))]
         # Labels first: the device plugins' DaemonSets are judged on the nodes they select now.
@@ -261,7 +262,8 @@ class PolicyController:
         if desired == 0:
             return f"{where} matches no node: " + self._why_no_node(cached, ctx, unmanaged)
         if available != desired or updated != desired:
-            return f"{where}: {available} of {desired} pods available, {updated} updated"
+            return f"{where}: {available} of {desired} pods available, {updated} updated" + \
+                _driver_image_note(obj)
         # Ready by its status, unless nodes it should run on are not counted yet (e.g. a node
         # whose driver just became ready): asked last, as it looks at every node.
         expected = self._nodes_fitting(cached)
@@ -414,6 +416,16 @@ def removed_fields(policy: Obj) -> list[str]:
     except ValidationError:  # the API server validated it; a model mismatch is not fatal here
         log.warning("policy does not match the model", exc_info=True)
         return []
+
+
+def _driver_image_note(ds: Obj) -> str:
+    """For a driver DaemonSet, the image its pods need: with forcePrecompiled the precompiled
+    tag, which nicop does not look up in the registry, so a missing one is named here."""
+    if DRIVER_LABEL not in (ds["metadata"].get("labels") or {}):
+        return ""
+    containers = ds["spec"]["template"]["spec"].get("containers") or []
+    ref = next((c.get("image") for c in containers if c.get("name") == DRIVER_CONTAINER), None)
+    return f" (driver image {ref})" if ref else ""
 
 
 def _container_ready(pod: Obj, name: str) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from nicop.api.labels import (
 )
 from nicop.kube.resources import Obj
 
+OFED_INIT_IMAGE_ENV = "OFED_INIT_CONTAINER_IMAGE"
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
@@ -43,6 +45,13 @@ class Context:
     cni_network_dir: str = "/etc/cni/net.d"
     agent_image: str = field(default_factory=own_image)
     """The image of nicop's agents: the operator's own."""
+    ofed_init_image: str | None = field(
+        default_factory=lambda: os.environ.get(OFED_INIT_IMAGE_ENV) or None)
+    """Upstream's driver init container image (operator env, set by the Helm chart); without
+    it the driver pods have no init container, as upstream."""
+    opt_in_used: bool = False
+    """Some node carries nvidia.com/network-operator (opted in or out): the driver DaemonSets
+    then select managed nodes by nicop's rule rather than by the NIC label alone."""
 
     @property
     def spec(self) -> Obj:
@@ -75,6 +84,19 @@ class State:
                 return None
             node = node.get(key)
         return node if isinstance(node, dict) else None
+
+
+def name_hash(value: str) -> str:
+    """Upstream's short name suffix for a driver pool or node policy: the decimal FNV-1a 32 of
+    `value` with each digit spelled as Kubernetes' SafeEncodeString does (0-9 -> 456789bcdf), so
+    nicop names the DaemonSets of a running upstream install as upstream did."""
+    h = 0x811C9DC5
+    for byte in value.encode():
+        h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return str(h).translate(_SAFE_DIGITS)
+
+
+_SAFE_DIGITS = str.maketrans("0123456789", "456789bcdf")
 
 
 def content_hash(value: Any) -> str:
@@ -232,13 +254,18 @@ def daemonset(
     managed_only: bool = True,
     tolerations: list[Obj] | None = None,
     init_containers: list[Obj] | None = None,
+    selector: dict[str, str] | None = None,
+    pod_labels: dict[str, str] | None = None,
 ) -> Obj:
     """A node DaemonSet with the policy's tolerations, nodeAffinity and pull secrets.
 
     `managed_only` keeps it to nodes nicop manages (they carry the mofed.wait label). `config`,
-    when given, is hashed onto the pod template so a config change rolls the pods.
+    when given, is hashed onto the pod template so a config change rolls the pods. `selector`
+    is upstream's `spec.selector.matchLabels` (immutable: it must equal upstream's for nicop to
+    take over its DaemonSet); the pods carry it, `app` and `pod_labels`.
     """
-    pod_labels = {"app": app, **(labels or {})}
+    match = selector or {"app": app}
+    pod_labels = {**match, "app": app, **(pod_labels or {}), **(labels or {})}
     annotations = {CONFIG_HASH_ANNOTATION: content_hash(config)} if config is not None else {}
     pod: Obj = {
         "hostNetwork": host_network,
@@ -266,7 +293,7 @@ def daemonset(
         "kind": "DaemonSet",
         "metadata": metadata(ctx, name, labels),
         "spec": {
-            "selector": {"matchLabels": {"app": app}},
+            "selector": {"matchLabels": match},
             "updateStrategy": {"type": update_strategy},
             "template": {"metadata": template_meta, "spec": pod},
         },
@@ -280,8 +307,12 @@ def deployment(
     containers: list[Obj],
     *,
     service_account_name: str | None = None,
+    selector: dict[str, str] | None = None,
+    pod_labels: dict[str, str] | None = None,
 ) -> Obj:
-    """A cluster-level Deployment, placed by deploymentTolerations/deploymentNodeAffinity."""
+    """A cluster-level Deployment, placed by deploymentTolerations/deploymentNodeAffinity;
+    `selector` is upstream's (immutable), carried by the pods with `pod_labels`."""
+    match = selector or {"app": name}
     pod: Obj = {
         "containers": containers,
         "tolerations": ctx.spec.get("deploymentTolerations") or [],
@@ -298,8 +329,9 @@ def deployment(
         "metadata": metadata(ctx, name),
         "spec": {
             "replicas": 1,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": pod},
+            "selector": {"matchLabels": match},
+            "template": {"metadata": {"labels": {**match, **(pod_labels or {})}},
+                         "spec": pod},
         },
     }
 

@@ -13,6 +13,7 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
         [container("cni-plugins", image(ctx, spec, path), spec, mounts=[mount],
                    privileged=True)],
         app="cni-plugins", volumes=[volume], managed_only=False,
+        selector={"name": "cni-plugins"}, pod_labels={"tier": "node"},
     )]
 
 

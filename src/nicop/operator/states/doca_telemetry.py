@@ -33,6 +33,7 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
         [container("doca-telemetry-service", image(ctx, spec, path), spec,
                    envFrom=[{"configMapRef": {"name": source}}])],
         app="doca-telemetry-service", node_selector=AFTER_DRIVER,
+        selector={"app.kubernetes.io/name": "doca-telemetry"},
     ))
     return objects
 

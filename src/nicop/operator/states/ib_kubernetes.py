@@ -47,7 +47,9 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
         ]),
         deployment(ctx, NAME, spec,
                    [container(NAME, image(ctx, spec, path), spec, env=env)],
-                   service_account_name=NAME),
+                   service_account_name=NAME, selector={"name": NAME},
+                   pod_labels={"component": "network", "type": "infra",
+                               "kubernetes.io/os": "linux"}),
     ]
 
 

@@ -12,6 +12,7 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
         ctx, "kube-ipoib-cni-ds", spec,
         [container("ipoib-cni", image(ctx, spec, path), spec, mounts=[mount], privileged=True)],
         app="ipoib-cni", volumes=[volume],
+        selector={"name": "ipoib-cni"}, pod_labels={"tier": "node"},
     )]
 
 

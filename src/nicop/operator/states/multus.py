@@ -16,6 +16,8 @@ from nicop.operator.states.base import (
 )
 
 NAME = "multus"
+CONF_DIR = "/tmp/multus-conf"  # where the configured file is mounted in the container
+CONF_FILE = "00-multus.conf"
 
 
 def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
@@ -28,21 +30,39 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
     cni_conf, cni_conf_mount = host_path("cni", ctx.cni_network_dir, "/host/etc/cni/net.d")
     cni_bin, cni_bin_mount = host_path("cnibin", ctx.cni_bin_dir, "/host/opt/cni/bin")
     volumes, mounts = [cni_conf, cni_bin], [cni_conf_mount, cni_bin_mount]
-    args = ["--multus-conf-file=auto", "--cni-version=0.3.1"]
+    conf_file = "auto"
     config = spec.get("config")
     if config:
         objects.append(config_map(ctx, "multus-cni-config", {"cni-conf.json": config}))
-        volumes.append({"name": "multus-cfg", "configMap": {
+        volumes.append({"name": "multus-cni-config", "configMap": {
             "name": "multus-cni-config", "items": [{"key": "cni-conf.json",
-                                                    "path": "70-multus.conf"}]}})
-        mounts.append({"name": "multus-cfg", "mountPath": "/tmp/multus-conf"})
-        args = ["--multus-conf-file=/tmp/multus-conf/70-multus.conf"]
+                                                    "path": CONF_FILE}]}})
+        mounts.append({"name": "multus-cni-config", "mountPath": CONF_DIR})
+        conf_file = f"{CONF_DIR}/{CONF_FILE}"
+    ref = image(ctx, spec, path)
+    # The thin plugin: an init container copies the multus binary onto the host, the daemon
+    # writes the configuration that points the runtime at it (upstream's
+    # manifests/state-multus-cni/0050-multus-ds.yml).
+    install = container(
+        "install-multus-binary", ref, spec, privileged=True,
+        mounts=[{**cni_bin_mount, "mountPropagation": "Bidirectional"}],
+        command=["/install_multus"], args=["--type", "thin"])
+    args = [
+        f"--multus-conf-file={conf_file}",
+        "--multus-autoconfig-dir=/host/etc/cni/net.d",
+        "--cni-conf-dir=/host/etc/cni/net.d",
+        "--cleanup-config-on-exit",
+        "--skip-config-watch",
+        "--cni-bin-dir=/host/opt/cni/bin",
+        f"--multus-kubeconfig-file-host={ctx.cni_network_dir}/multus.d/multus.kubeconfig",
+    ]
     objects.append(daemonset(
         ctx, "kube-multus-ds", spec,
-        [container("kube-multus", image(ctx, spec, path), spec, mounts=mounts, privileged=True,
+        [container("kube-multus", ref, spec, mounts=mounts, privileged=True,
                    command=["/thin_entrypoint"], args=args)],
         app="multus", volumes=volumes, service_account_name=NAME, config=config,
-        managed_only=False,
+        managed_only=False, init_containers=[install],
+        selector={"name": "multus"}, pod_labels={"tier": "node"},
     ))
     return objects
 

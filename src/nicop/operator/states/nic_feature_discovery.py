@@ -7,11 +7,13 @@ from nicop.operator.states.base import Context, State, container, daemonset, hos
 
 
 def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
-    volume, mount = host_path("features-d", "/etc/kubernetes/node-feature-discovery/features.d")
+    volume, mount = host_path("features-d", "/etc/kubernetes/node-feature-discovery/features.d",
+                              type_="DirectoryOrCreate")
     return [daemonset(
         ctx, "nic-feature-discovery-ds", spec,
         [container("nic-feature-discovery", image(ctx, spec, path), spec, mounts=[mount])],
         app="nic-feature-discovery", volumes=[volume],
+        selector={"name": "nic-feature-discovery"}, pod_labels={"tier": "node"},
     )]
 
 

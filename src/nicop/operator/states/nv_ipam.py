@@ -25,8 +25,10 @@ POOLS = {"apiGroups": ["nv-ipam.nvidia.com"], "resources": ["ippools", "cidrpool
 
 def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
     ref = image(ctx, spec, path)
-    cni_bin, cni_bin_mount = host_path("cnibin", ctx.cni_bin_dir, "/host/opt/cni/bin")
-    state_dir, state_mount = host_path("nv-ipam-state", "/var/lib/cni/nv-ipam")
+    cni_bin, cni_bin_mount = host_path("cnibin", ctx.cni_bin_dir, "/host/opt/cni/bin",
+                                       type_="DirectoryOrCreate")
+    state_dir, state_mount = host_path("nv-ipam-state", "/var/lib/cni/nv-ipam",
+                                       type_="DirectoryOrCreate")
     nodes_rule = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
     pods_rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
     return [
@@ -38,14 +40,16 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
                    [container(CONTROLLER, ref, spec, command=["/ipam-controller"],
                               args=["--leader-elect=true",
                                     f"--ippools-namespace={ctx.namespace}"])],
-                   service_account_name=CONTROLLER),
+                   service_account_name=CONTROLLER, selector={"name": CONTROLLER},
+                   pod_labels={"component": CONTROLLER, "app": "nv-ipam"}),
         service_account(ctx, NODE),
         *cluster_rbac(ctx, NODE, [POOLS, nodes_rule, pods_rule]),
         daemonset(ctx, NODE, spec,
                   [container(NODE, ref, spec, command=["/ipam-node"],
                              mounts=[cni_bin_mount, state_mount], privileged=True,
                              args=[f"--ippools-namespace={ctx.namespace}"])],
-                  app=NODE, volumes=[cni_bin, state_dir], service_account_name=NODE),
+                  app="nv-ipam", volumes=[cni_bin, state_dir], service_account_name=NODE,
+                  selector={"name": NODE}, pod_labels={"component": NODE}),
     ]
 
 

@@ -1,13 +1,17 @@
-"""state-OFED: the driver container, one DaemonSet per (OS, OS version, kernel, arch) pool.
+"""state-OFED: the driver container, one DaemonSet per (OS, OS version, kernel) pool.
 
-Pools exist because a driver is built for one kernel. Each DaemonSet uses OnDelete, so a new
-driver version reaches a node only when the upgrade controller restarts its pod. With
-`image: nicop` the container is nicop's driver agent (`nicop driver run`, the operator's own
-image for every pool), which installs `version` itself.
+Pools exist because a driver is built for one kernel. The DaemonSets are named, selected and
+labelled as upstream's (`mofed-<ID><VERSION_ID>-<hash of the kernel>-ds`, Mellanox/network-
+operator manifests/state-ofed-driver/0050_ofed-driver-ds.yaml), so nicop adopts a running
+upstream install in place. Each uses OnDelete, so a new driver version reaches a node only when
+the upgrade controller restarts its pod. With `image: nicop` the container is nicop's driver
+agent (`nicop driver run`, the operator's own image for every pool), which installs `version`
+itself and waits for safe load itself: its pods have no init container.
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 
 from nicop.api.agents import uses_nicop
@@ -17,26 +21,39 @@ from nicop.api.labels import (
     DRIVER_LABEL,
     DRIVER_READY_FILE,
     KERNEL_LABEL,
+    MELLANOX_LABEL,
+    MOFED_WAIT_LABEL,
     OS_LABEL,
     OS_VERSION_LABEL,
+    OWNER_LABEL,
+    OWNER_VALUE,
     POOL_LABELS,
+    SAFE_LOAD_ANNOTATION,
 )
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
+    GPU_TOLERATION,
     Context,
     RenderError,
     State,
     agent_container,
     cluster_rbac,
+    config_map,
     container,
-    content_hash,
-    daemonset,
     host_path,
     image,
+    metadata,
+    name_hash,
+    pull_secrets,
     service_account,
 )
 
 NAME = "ofed-driver"
+INIT_CONTAINER = "network-operator-init-container"
+INIT_CONFIG_MAP = "ofed-init-container-config"
+# The modules the init container checks before the driver container replaces them.
+DRIVER_MODULES = ["mlx5_core", "mlx5_ib", "ib_umad", "ib_uverbs", "ib_ipoib", "rdma_cm",
+                  "rdma_ucm", "ib_core", "ib_cm"]
 PROBE_DEFAULTS = {
     "startupProbe": (30, 10, 120, 10),
     "livenessProbe": (10, 30, 1, 10),
@@ -47,21 +64,41 @@ CERT_DIRS = {"ubuntu": "/usr/local/share/ca-certificates",
              "rhel": "/etc/pki/ca-trust/extracted/pem", "sles": "/etc/ssl"}
 REPO_DIRS = {"ubuntu": "/etc/apt/sources.list.d", "rhcos": "/etc/yum.repos.d",
              "rhel": "/etc/yum.repos.d", "sles": "/etc/zypp/repos.d"}
+# (volume, host path, mount path, hostPath type), in upstream's order.
+HOST_MOUNTS = (
+    ("run-mlnx-ofed", "/run/mellanox/drivers", "/run/mellanox/drivers", None),
+    ("etc-network", "/etc/network", "/etc/network", None),
+    ("host-etc", "/etc", "/host/etc", None),
+    ("host-usr", "/usr", "/host/usr", None),
+    ("host-udev", "/lib/udev", "/host/lib/udev", None),
+    ("host-run-udev", "/run/udev", "/run/udev", None),
+    ("host-lib-modules", "/lib/modules", "/host/lib/modules", None),
+    ("drivers-inventory", "/var/opt/mofed-container/inventory", "/mnt/drivers-inventory",
+     "DirectoryOrCreate"),
+    ("host-ib-core", "/etc/modprobe.d/ib_core.conf", "/etc/modprobe.d/ib_core.conf",
+     "FileOrCreate"),
+    ("dev-infiniband", "/dev/infiniband", "/dev/infiniband", "DirectoryOrCreate"),
+)
+INIT_MOUNTS = (("host-proc", "/proc", "/host/proc"), ("host-sys", "/sys", "/host/sys"))
 
 
-def pools(nodes: list[Obj]) -> tuple[dict[tuple[str, str, str, str], list[str]], list[str]]:
-    """Managed nodes grouped by their pool key, and the nodes that lack an NFD label for it."""
-    grouped: dict[tuple[str, str, str, str], list[str]] = defaultdict(list)
+def pools(nodes: list[Obj]) -> tuple[dict[tuple[str, str, str], list[Obj]], list[str]]:
+    """Managed nodes grouped by upstream's pool key (OS, OS version, kernel), and the nodes
+    that lack an NFD label for it."""
+    grouped: dict[tuple[str, str, str], list[Obj]] = defaultdict(list)
     missing = []
-    for node in nodes:
+    for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
         labels = node["metadata"].get("labels") or {}
         if any(not labels.get(k) for k in POOL_LABELS):
             missing.append(node["metadata"]["name"])
             continue
-        key = (labels[OS_LABEL], labels[OS_VERSION_LABEL], labels[KERNEL_LABEL],
-               labels.get(ARCH_LABEL, "amd64"))
-        grouped[key].append(node["metadata"]["name"])
+        grouped[labels[OS_LABEL], labels[OS_VERSION_LABEL], labels[KERNEL_LABEL]].append(node)
     return dict(sorted(grouped.items())), missing
+
+
+def pool_name(os_id: str, os_version: str, kernel: str) -> str:
+    """`mofed-<ID><VERSION_ID>-<hash>`: the pool's `app` label; its DaemonSet adds `-ds`."""
+    return f"mofed-{os_id}{os_version}-{name_hash(kernel)}"
 
 
 def probe(spec: Obj, kind: str, command: list[str]) -> Obj:
@@ -82,11 +119,30 @@ def probe(spec: Obj, kind: str, command: list[str]) -> Obj:
 
 
 def driver_image(ctx: Context, spec: Obj, path: str, os_id: str, os_version: str,
-                 arch: str) -> str:
+                 kernel: str, arch: str) -> str:
+    """Upstream's driver image for a pool: `<version>-<ID><VERSION_ID>-<arch>`, or with
+    `forcePrecompiled` the precompiled tag `<version>-<kernel>-<ID><VERSION_ID>-<arch>`.
+    nicop polls no registry: without `forcePrecompiled` it uses the image that compiles on the
+    node; with it, the precompiled tag (a missing tag shows as the pods' image pull error,
+    and the state's status names the image it expects)."""
     ref = image(ctx, spec, path)
     if "@sha256:" in ref:
         return ref
+    if spec.get("forcePrecompiled"):
+        return f"{ref}-{kernel}-{os_id}{os_version}-{arch}"
     return f"{ref}-{os_id}{os_version}-{arch}"
+
+
+def init_config(spec: Obj) -> str:
+    """The init container's config.json: wait for safe load when the upgrade uses it, check
+    the modules the driver replaces (upstream's ofed-init-container-config)."""
+    upgrade = spec.get("upgradePolicy") or {}
+    return json.dumps({
+        "safeDriverLoad": {"enable": bool(upgrade.get("autoUpgrade") and upgrade.get("safeLoad")),
+                           "annotation": SAFE_LOAD_ANNOTATION},
+        "moduleDependencyCheck": {"modules": DRIVER_MODULES, "hostProcPath": "/host/proc",
+                                  "hostSysPath": "/host/sys"},
+    })
 
 
 def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
@@ -95,32 +151,22 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     ])]
-    env = [
-        {"name": "CREATE_IFNAMES_UDEV", "value": "true"},
-        {"name": "NVIDIA_NIC_DRIVERS_INVENTORY_PATH", "value": "/mnt/drivers-inventory"},
-        # Upstream images know their version; nicop's image reads it (and its node, for
-        # safe load) from here.
-        {"name": "NVIDIA_NIC_DRIVER_VER", "value": str(spec.get("version", ""))},
-        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-        *(spec.get("env") or []),
-    ]
-    for (os_id, os_version, kernel, arch), _nodes in grouped.items():
+    nicop = uses_nicop(spec)
+    if nicop and spec.get("forcePrecompiled"):
+        raise RenderError(f"{path}.forcePrecompiled", "applies to upstream's driver images only: "
+                          "nicop's driver agent installs `version` from its own packages; unset "
+                          "it or use upstream's driver image")
+    init_image = None if nicop else ctx.ofed_init_image
+    if init_image:
+        objects.append(config_map(ctx, INIT_CONFIG_MAP, {"config.json": init_config(spec)}))
+    for (os_id, os_version, kernel), nodes in grouped.items():
         volumes, mounts = [], []
-        for name, host, mount in (
-            ("run-mlnx-ofed", "/run/mellanox/drivers", "/run/mellanox/drivers"),
-            ("etc-network", "/etc/network", "/etc/network"),
-            ("host-etc", "/etc", "/host/etc"),
-            ("host-usr", "/usr", "/host/usr"),
-            ("host-udev", "/lib/udev", "/host/lib/udev"),
-            ("host-run-udev", "/run/udev", "/run/udev"),
-            ("host-lib-modules", "/lib/modules", "/host/lib/modules"),
-            ("drivers-inventory", "/var/opt/mofed-container/inventory", "/mnt/drivers-inventory"),
-            ("dev-infiniband", "/dev/infiniband", "/dev/infiniband"),
-        ):
-            volume, volume_mount = host_path(name, host, mount)
+        for name, host, mount, type_ in HOST_MOUNTS:
+            volume, volume_mount = host_path(name, host, mount, type_=type_)
             volumes.append(volume)
             mounts.append(volume_mount)
         mounts[0]["mountPropagation"] = "Bidirectional"
+        mounts[5]["readOnly"] = True  # /run/udev
         for field, dirs, volume_name in (("certConfig", CERT_DIRS, "cert-config"),
                                          ("repoConfig", REPO_DIRS, "repo-config")):
             ref = (spec.get(field) or {}).get("name")
@@ -131,31 +177,96 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
                                   f"(supported: {', '.join(sorted(dirs))})")
             volumes.append({"name": volume_name, "configMap": {"name": ref}})
             mounts.append({"name": volume_name, "mountPath": dirs[os_id], "readOnly": True})
-        pool = f"{os_id}{os_version}-{content_hash(kernel)[:8]}"
-        ds = daemonset(
-            ctx, f"mofed-{pool}-ds", spec,
-            [driver_container(ctx, spec, path, mounts, env, (os_id, os_version, arch))],
-            app=f"mofed-{pool}",
-            node_selector={OS_LABEL: os_id, OS_VERSION_LABEL: os_version,
-                           KERNEL_LABEL: kernel, ARCH_LABEL: arch},
-            volumes=volumes, service_account_name=NAME,
-            labels={DRIVER_LABEL: "", "mofed-ds-format-version": "1"},
-            update_strategy="OnDelete",
-        )
-        pod = ds["spec"]["template"]["spec"]
-        pod["terminationGracePeriodSeconds"] = spec.get("terminationGracePeriodSeconds", 300)
-        pod.setdefault("affinity", {})["podAntiAffinity"] = {
-            "requiredDuringSchedulingIgnoredDuringExecution": [{
+        # Upstream's pool key has no architecture; the image is built for the pool's nodes'.
+        arch = (nodes[0]["metadata"].get("labels") or {}).get(ARCH_LABEL, "amd64")
+        pod_spec: Obj = {
+            "priorityClassName": "system-node-critical",
+            "tolerations": [*(ctx.spec.get("tolerations") or []), GPU_TOLERATION],
+            "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
                 "labelSelector": {"matchExpressions": [
                     {"key": DRIVER_LABEL, "operator": "Exists"}]},
                 "topologyKey": "kubernetes.io/hostname",
-            }]}
-        objects.append(ds)
+            }]}},
+            "serviceAccountName": NAME,
+            "hostNetwork": True,
+        }
+        if secrets := pull_secrets(ctx, spec):
+            pod_spec["imagePullSecrets"] = secrets
+        if init_image:
+            pod_spec["initContainers"] = [init_container(ctx, spec, init_image)]
+            for name, host, mount in INIT_MOUNTS:
+                volumes.append(host_path(name, host, mount, type_="Directory")[0])
+        pod_spec["containers"] = [driver_container(
+            ctx, spec, path, mounts, (os_id, os_version, kernel, arch))]
+        pod_spec["terminationGracePeriodSeconds"] = spec.get("terminationGracePeriodSeconds", 300)
+        pod_spec["volumes"] = volumes
+        pod_spec["nodeSelector"] = {MELLANOX_LABEL: "true", OS_LABEL: os_id,
+                                    OS_VERSION_LABEL: os_version, KERNEL_LABEL: kernel}
+        node_affinity = json.loads(json.dumps(ctx.spec.get("nodeAffinity") or {}))
+        if ctx.opt_in_used:
+            # nicop's opt-in and opt-out: managed nodes carry mofed.wait, whatever their NIC label.
+            del pod_spec["nodeSelector"][MELLANOX_LABEL]
+            required = node_affinity.setdefault(
+                "requiredDuringSchedulingIgnoredDuringExecution", {})
+            terms = required.setdefault("nodeSelectorTerms", []) or [{}]
+            required["nodeSelectorTerms"] = terms
+            for term in terms:
+                term.setdefault("matchExpressions", []).append(
+                    {"key": MOFED_WAIT_LABEL, "operator": "Exists"})
+        if node_affinity:
+            pod_spec["affinity"]["nodeAffinity"] = node_affinity
+        app = pool_name(os_id, os_version, kernel)
+        objects.append({
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": metadata(ctx, f"{app}-ds", {
+                "app": app, DRIVER_LABEL: "", "mofed-ds-format-version": "1"}),
+            "spec": {
+                "updateStrategy": {"type": "OnDelete"},
+                "selector": {"matchLabels": {"app": app}},
+                "template": {
+                    "metadata": {"labels": {"app": app, "kernel": kernel, DRIVER_LABEL: "",
+                                            OWNER_LABEL: OWNER_VALUE}},
+                    "spec": pod_spec,
+                },
+            },
+        })
     return objects
 
 
-def driver_container(ctx: Context, spec: Obj, path: str, mounts: list[Obj], env: list[Obj],
-                     pool: tuple[str, str, str]) -> Obj:
+def init_container(ctx: Context, spec: Obj, ref: str) -> Obj:
+    """Upstream's network-operator-init-container: module checks and the safe-load wait."""
+    return {
+        "name": INIT_CONTAINER, "imagePullPolicy": "IfNotPresent", "image": ref,
+        "args": ["--node-name", "$(NODE_NAME)", "--configmap-name", INIT_CONFIG_MAP,
+                 "--configmap-namespace", ctx.namespace, "--configmap-key", "config.json"],
+        "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                *(spec.get("env") or [])],
+        "volumeMounts": [{"name": name, "mountPath": mount, "readOnly": True}
+                         for name, _, mount in INIT_MOUNTS],
+    }
+
+
+def driver_env(spec: Obj, nicop: bool) -> list[Obj]:
+    """Upstream's defaults, then the section's `env` (which wins over a default of the same
+    name); nicop's agent also reads its version and node from here."""
+    given = spec.get("env") or []
+    names = {e.get("name") for e in given}
+    env: list[Obj] = [e for e in (
+        {"name": "CREATE_IFNAMES_UDEV", "value": "true"},
+        {"name": "NVIDIA_NIC_DRIVERS_INVENTORY_PATH", "value": "/mnt/drivers-inventory"},
+    ) if e["name"] not in names]
+    if nicop:
+        own: list[Obj] = [
+            {"name": "NVIDIA_NIC_DRIVER_VER", "value": str(spec.get("version", ""))},
+            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        ]
+        env += [e for e in own if e["name"] not in names]
+    return [*env, *given]
+
+
+def driver_container(ctx: Context, spec: Obj, path: str, mounts: list[Obj],
+                     pool: tuple[str, str, str, str]) -> Obj:
     """Upstream's driver container, or nicop's driver agent (`image: nicop`) with probes that
     ask it, from the same mounts, environment and probe timings."""
     if uses_nicop(spec):
@@ -167,18 +278,20 @@ def driver_container(ctx: Context, spec: Obj, path: str, mounts: list[Obj], env:
         return agent_container(
             ctx, DRIVER_CONTAINER, spec,
             ["driver", "run", *(["--safe-load"] if safe_load else [])],
-            mounts=mounts, env=env, ready_probe=False,
+            mounts=mounts, env=driver_env(spec, True), ready_probe=False,
             startupProbe=probe(spec, "startupProbe", ["nicop", "driver", "probe", "startup"]),
             livenessProbe=probe(spec, "livenessProbe", ["nicop", "driver", "probe", "liveness"]),
             readinessProbe=probe(spec, "readinessProbe",
                                  ["nicop", "driver", "probe", "readiness"]))
-    return container(
+    c = container(
         DRIVER_CONTAINER, driver_image(ctx, spec, path, *pool), spec,
-        mounts=mounts, privileged=True, env=env,
+        mounts=mounts, env=driver_env(spec, False),
         startupProbe=probe(spec, "startupProbe", ["sh", "-c", f"ls {DRIVER_READY_FILE}"]),
         livenessProbe=probe(spec, "livenessProbe", ["sh", "-c", "lsmod | grep mlx5_core"]),
         readinessProbe=probe(spec, "readinessProbe", ["sh", "-c", "lsmod | grep mlx5_core"]),
     )
+    c["securityContext"] = {"privileged": True, "seLinuxOptions": {"level": "s0"}}
+    return c
 
 
 STATE = State("state-OFED", ("ofedDriver",), "OFEDDriverReady", render)

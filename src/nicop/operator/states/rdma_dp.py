@@ -15,7 +15,8 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
         host_dirs={"device-plugin": "/var/lib/kubelet/device-plugins",
                    "plugins-registry": "/var/lib/kubelet/plugins_registry",
                    "devs": "/dev/", "cdi": "/var/run/cdi"},
-        args=[], agent="rdma-device-plugin",
+        args=[], agent="rdma-device-plugin", selector={"app": "rdma-shared-dp"},
+        host_types={"cdi": "DirectoryOrCreate"},
     )
 
 
