@@ -37,13 +37,14 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 60, what: str = "con
 
 class OperatorProcess:
     def __init__(self, kubeconfig: Path, namespace: str, log: Path,
-                 lease_duration: float = 4) -> None:
+                 lease_duration: float = 4, env: dict[str, str] | None = None) -> None:
         self.kubeconfig = kubeconfig
         self.namespace = namespace
         self.lease_duration = lease_duration
         self.port = free_port()
         self.log = log
-        env = {**os.environ, "POD_NAMESPACE": namespace}
+        self.env = env
+        env = {**os.environ, "POD_NAMESPACE": namespace, **(env or {})}
         self._log_file = open(log, "ab")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nicop", "operator", "--kubeconfig", str(kubeconfig),
@@ -99,5 +100,5 @@ class OperatorProcess:
         """Stop (if running) and start again with the same settings."""
         self.stop()
         self.__init__(self.kubeconfig, self.namespace, self.log,  # type: ignore[misc]
-                      self.lease_duration)
+                      self.lease_duration, self.env)
         self.wait_ready()
