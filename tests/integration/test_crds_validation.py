@@ -5,6 +5,8 @@ the upstream operator, removed fields included, is accepted."""
 from __future__ import annotations
 
 import copy
+import json
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -290,12 +292,21 @@ INVALID: list[tuple[str, str, Any, list[str]]] = [
     ("sriovibnetwork.yaml", "spec.linkState", "up", ["spec.linkState", "Unsupported value"]),
     ("sriovibnetwork.yaml", "spec.capabilities", "infinibandGUID",
      ["spec.capabilities", "must be a JSON object"]),
+    # OVSNetwork, limits of upstream's CRD
+    ("ovsnetwork.yaml", "spec.vlan", 4096, ["spec.vlan", "less than or equal to 4095"]),
+    ("ovsnetwork.yaml", "spec.trunk", [{"minID": 100, "maxID": 5000}],
+     ["spec.trunk[0].maxID", "less than or equal to 4095"]),
+    ("ovsnetwork.yaml", "spec.resourceName", DELETE, ["spec.resourceName", "Required value"]),
+    ("ovsnetwork.yaml", "spec.ipam", "dhcp", ["spec.ipam", "must be a JSON object"]),
     # operator config, pools, node state
     ("sriovoperatorconfig.yaml", "spec.logLevel", 3, ["spec.logLevel", "less than or equal to 2"]),
     ("sriovoperatorconfig.yaml", "metadata.name", "custom",
      ["metadata.name", 'supported values: "default"']),
     ("sriovoperatorconfig.yaml", "spec.configurationMode", "cron",
      ["spec.configurationMode", "Unsupported value"]),
+    # upstream's PluginNameValue enum (api/v1/sriovoperatorconfig_types.go)
+    ("sriovoperatorconfig.yaml", "spec.disablePlugins", ["notaplugin"],
+     ["spec.disablePlugins[0]", 'Unsupported value: "notaplugin"', 'supported values: "mellanox"']),
     ("sriovnetworkpoolconfig.yaml", "spec.maxUnavailable", "120%",
      ["spec.maxUnavailable", "percentage"]),
     ("sriovnetworkpoolconfig.yaml", "spec.rdmaMode", "private",
@@ -311,6 +322,11 @@ INVALID: list[tuple[str, str, Any, list[str]]] = [
      ["spec.perNodeNetworkPrefix", "Required value"]),
     ("cidrpool.yaml", "spec.routes", [{"dst": "10.200.0.0"}],
      ["spec.routes[0].dst", "must be a CIDR"]),
+    # nvidia-k8s-ipam api/v1alpha1/validate_exclusions.go, on the range as upstream's webhook
+    ("ippool.yaml", "spec.perNodeExclusions", [{"startIndex": 25, "endIndex": 24}],
+     ["spec.perNodeExclusions[0]", "endIndex must be greater than or equal to startIndex"]),
+    ("cidrpool.yaml", "spec.perNodeExclusions", [{"startIndex": 1, "endIndex": 0}],
+     ["spec.perNodeExclusions[0]", "endIndex must be greater than or equal to startIndex"]),
 ]
 
 
@@ -341,3 +357,67 @@ def test_invalid_object_is_rejected_naming_the_field(
     assert e.value.status.code == 422
     for fragment in expected:
         assert fragment in e.value.status.message
+
+
+def test_upstream_values_at_the_edge_of_the_new_rules_are_accepted(create: Create) -> None:
+    """The values upstream accepts next to the ones it refuses: disablePlugins [mellanox] (and
+    the operator reads the object back), and nv-ipam's "Valid - PerNodeExclusions single
+    index" case (nvidia-k8s-ipam api/v1alpha1/ippool_test.go)."""
+    config = mutated("sriovoperatorconfig.yaml", "spec.disablePlugins", ["mellanox"])
+    stored = create(config)
+    assert stored["spec"]["disablePlugins"] == ["mellanox"]
+    assert parse(stored).model_dump(by_alias=True)["spec"]["disablePlugins"] == ["mellanox"]
+    pool = mutated("ippool.yaml", "spec.perNodeExclusions", [{"startIndex": 5, "endIndex": 5}])
+    assert create(pool)["spec"]["perNodeExclusions"] == [{"startIndex": 5, "endIndex": 5}]
+
+
+# Upstream's CRDs (sriov-network-operator config/crd/bases/*.yaml) list no `spec` in `required`.
+SRIOV_KINDS = ("SriovNetworkNodePolicy", "SriovNetwork", "SriovIBNetwork", "OVSNetwork",
+               "SriovNetworkNodeState", "SriovOperatorConfig", "SriovNetworkPoolConfig")
+
+
+@pytest.mark.parametrize("kind", SRIOV_KINDS)
+def test_sriov_kind_without_spec_is_accepted_and_read_back(create: Create, kind: str) -> None:
+    name = "default" if kind == "SriovOperatorConfig" else "no-spec"
+    stored = create({"apiVersion": "sriovnetwork.openshift.io/v1", "kind": kind,
+                     "metadata": {"name": name}})
+    assert stored["metadata"]["name"] == name
+    assert parse(stored).crd.kind == kind  # the operator's model reads it
+
+
+def run_kubectl(controlplane_bin: Path, kubeconfig: Path, *args: str) -> str:
+    proc = subprocess.run([str(controlplane_bin / "kubectl"), f"--kubeconfig={kubeconfig}",
+                           *args], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_kubectl_shows_the_operator_configs_conditions(
+    create: Create, controlplane_bin: Path, kubeconfig: Path, namespace: str
+) -> None:
+    """`kubectl get sriovoperatorconfigs` has upstream's Ready, Progressing and Degraded
+    columns (sriov-network-operator api/v1/sriovoperatorconfig_types.go printcolumns)."""
+    create(example("sriovoperatorconfig.yaml"))
+    now = "2025-01-01T00:00:00Z"
+    conditions = [{"type": t, "status": v, "reason": "Test", "message": "",
+                   "lastTransitionTime": now}
+                  for t, v in (("Ready", "True"), ("Progressing", "False"), ("Degraded", "False"))]
+    run_kubectl(controlplane_bin, kubeconfig, "patch", "sriovoperatorconfig", "default", "-n",
+                namespace, "--subresource=status", "--type=merge",
+                "-p", json.dumps({"status": {"conditions": conditions}}))
+    header, row = run_kubectl(controlplane_bin, kubeconfig, "get", "sriovoperatorconfigs",
+                              "-n", namespace).splitlines()
+    assert header.split() == ["NAME", "READY", "PROGRESSING", "DEGRADED", "AGE"]
+    assert row.split()[:4] == ["default", "True", "False", "False"]
+
+
+def test_kubectl_finds_nads_by_their_short_name(
+    create: Create, controlplane_bin: Path, kubeconfig: Path, namespace: str
+) -> None:
+    """`net-attach-def`, the one short name of the k8s.cni.cncf.io CRD upstream ships
+    (k8snetworkplumbingwg/network-attachment-definition-client artifacts/networks-crd.yaml)."""
+    create({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+            "metadata": {"name": "short"}, "spec": {"config": "{}"}})
+    out = run_kubectl(controlplane_bin, kubeconfig, "get", "net-attach-def", "-n", namespace,
+                      "-o", "name")
+    assert out.split() == ["networkattachmentdefinition.k8s.cni.cncf.io/short"]

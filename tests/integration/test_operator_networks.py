@@ -17,6 +17,8 @@ from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_
 ROOT = Path(__file__).resolve().parents[2]
 NAD = create_namespaced_resource("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition",
                                  "network-attachment-definitions")
+OVS_NETWORK = create_namespaced_resource("sriovnetwork.openshift.io", "v1", "OVSNetwork",
+                                        "ovsnetworks")
 KINDS = {
     "MacvlanNetwork": create_global_resource("mellanox.com", "v1alpha1", "MacvlanNetwork",
                                              "macvlannetworks"),
@@ -134,3 +136,45 @@ def test_second_replica_takes_over_when_the_leader_dies(
     finally:
         standby.stop()
         operator.restart()
+
+
+def ready_condition(client: Client, name: str) -> dict[str, Any] | None:
+    status = client.get(OVS_NETWORK, name, namespace=NAMESPACE).get("status") or {}
+    return next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), None)
+
+
+def test_ovs_network_example_produces_its_nad(
+    client: Client, operator: OperatorProcess, namespace: str
+) -> None:
+    """examples/ovsnetwork.yaml (sriov-network-operator's doc/ovs-hw-offload.md) in the operator
+    namespace becomes the NAD upstream renders in the namespace it names, reports Ready, and
+    takes its NAD with it when deleted (its finalizer); one without spec says what it lacks."""
+    body = yaml.safe_load((ROOT / "examples" / "ovsnetwork.yaml").read_text())
+    body["metadata"]["name"] = name = f"ovs-{namespace}"
+    body["spec"]["networkNamespace"] = namespace
+    bare = {"apiVersion": body["apiVersion"], "kind": "OVSNetwork",
+            "metadata": {"name": f"bare-{namespace}", "namespace": NAMESPACE}}
+    client.create(OVS_NETWORK(**body))
+    client.create(OVS_NETWORK(**bare))
+    try:
+        got = wait_for(lambda: nad_config(client, name, namespace), 30, f"NAD {name}")
+        assert got == {"cniVersion": "1.0.0", "name": name, "type": "ovs", "vlan": 200,
+                       "ipam": {"type": "nv-ipam", "poolName": "pool1"}}
+        annotations = client.get(NAD, name, namespace=namespace)["metadata"]["annotations"]
+        assert annotations["k8s.v1.cni.cncf.io/resourceName"] == "nvidia.com/switchdev"
+        assert annotations["sriovnetwork.openshift.io/owner-ref"] == \
+            f"OVSNetwork.sriovnetwork.openshift.io/{NAMESPACE}/{name}"
+        ready = wait_for(lambda: ready_condition(client, name), 30, "the Ready condition")
+        assert (ready["status"], ready["reason"]) == ("True", "NetworkReady")
+
+        refused = wait_for(lambda: ready_condition(client, bare["metadata"]["name"]), 30,
+                           "the Ready condition of the network without spec")
+        assert refused["status"] == "False"
+        assert "spec.resourceName is missing" in refused["message"]
+    finally:
+        client.delete(OVS_NETWORK, name, namespace=NAMESPACE)
+        client.delete(OVS_NETWORK, bare["metadata"]["name"], namespace=NAMESPACE)
+    wait_for(lambda: nad_config(client, name, namespace) is None, 30, "the NAD to go")
+    wait_for(lambda: not any(o.metadata.name in (name, bare["metadata"]["name"])
+                             for o in client.list(OVS_NETWORK, namespace=NAMESPACE)), 30,
+             "the networks themselves gone (their finalizers removed)")
