@@ -280,3 +280,40 @@ def test_the_table_output_and_an_unknown_pod(kubeconfig: Path, policy: None) -> 
     assert "fix: kubectl label node node-4" in result.stdout
     code, report = nicop(kubeconfig, "diagnose", "pod", "default/no-such-pod")
     assert code == 1 and report["checks"][0]["message"] == "pod default/no-such-pod does not exist"
+
+
+def test_a_managed_node_that_loses_its_nfd_label_is_named_with_the_fix(
+    client: Client, kubeconfig: Path, policy: None, rdma_on_node_1: None
+) -> None:
+    """The pitfall as a user met it: pci-15b3.present is removed from a managed node while its
+    kubelet still advertises the RDMA devices and it carries the driver's labels. The operator
+    lets go of the node; `nicop diagnose` (the whole cluster) fails naming it and the label
+    command, before and after the operator has reacted, and `nicop status` says the same."""
+    present = "feature.node.kubernetes.io/pci-15b3.present"
+    fix = f"kubectl label node node-1 {present}=true"
+    client.patch(Node, "node-1", {"metadata": {"labels": {present: None}}},
+                 patch_type=PatchType.MERGE)
+    try:
+        code, report = nicop(kubeconfig, "diagnose")
+        assert code == 1
+        managed = check(report, "node/node-1", "managed")
+        assert managed["result"] == "fail"
+        assert "node node-1 shows a Mellanox NIC" in managed["message"]
+        assert f"advertises {RDMA}" in managed["message"]
+        assert managed["fix"].startswith(fix)
+        # The operator takes mofed.wait off the node it no longer manages; the node still
+        # advertises its devices, and is still named.
+        wait_for(lambda: label(client, "node-1", MOFED_WAIT) is None, 30,
+                 "the operator to let go of node-1")
+        code, report = nicop(kubeconfig, "diagnose")
+        assert code == 1 and check(report, "node/node-1", "managed")["fix"].startswith(fix)
+        node = next(n for n in nicop(kubeconfig, "status")[1]["nodes"] if n["name"] == "node-1")
+        assert not node["managed"] and node["mellanoxNic"]
+        assert fix in node["unmanagedReason"]
+    finally:
+        client.patch(Node, "node-1", {"metadata": {"labels": {present: "true"}}},
+                     patch_type=PatchType.MERGE)
+        wait_for(lambda: label(client, "node-1", MOFED_WAIT) == "false", 60,
+                 "node-1's driver ready again")
+        wait_for(lambda: pods_of(client, "rdma-shared-dp-ds", "node-1"), 60,
+                 "the RDMA plugin back on node-1")

@@ -73,3 +73,14 @@ def test_the_archive_has_a_manifest_of_files_and_of_what_was_not_collected(
                                          "reason": "403 Forbidden: no pods/log"}]
     assert "s3cr3t-value" not in files["logs/p/c.log"]
     assert json.loads(files["status.json"]) == {"token": "<redacted>"}
+
+
+def test_scrubbing_keeps_yaml_readable() -> None:
+    """A key that sounds secret whose value is on the next lines (a pod's projected
+    serviceAccountToken) is left as it is: the YAML stays valid."""
+    import yaml
+
+    text = ("volumes:\n- projected:\n    sources:\n    - serviceAccountToken:\n"
+            "        expirationSeconds: 3607\n        path: token\n")
+    assert bundle.scrub(text, set()) == text
+    assert yaml.safe_load(bundle.scrub(text, set()))
