@@ -335,19 +335,13 @@ async def _logs(client: ApiClient, bundle: Bundle, namespace: str, pods: list[Ob
             try:
                 text = await client.read_text(POD, POD.path(namespace, name) + "/log", params,
                                               timeout=LOG_TIMEOUT)
-            except Unreachable as e:
-                reason = f"no answer within {LOG_TIMEOUT:g}s ({e.message})"
-                if node:
-                    unreachable[node] = f"the kubelet of node {node} did not serve logs: {reason}"
-                    reason = unreachable[node]
-                bundle.cannot(item, reason)
-                return
             except ApiError as e:
-                reason = f"{e.code} {e.reason}: {e.message}"
-                if e.code in (500, 502, 503, 504) and node:
-                    unreachable[node] = f"the kubelet of node {node} did not serve logs: {reason}"
-                    reason = unreachable[node]
+                reason = (f"no answer within {LOG_TIMEOUT:g}s ({e.message})"
+                          if isinstance(e, Unreachable) else f"{e.code} {e.reason}: {e.message}")
                 bundle.cannot(item, reason)
+                if node and (isinstance(e, Unreachable) or e.code in (500, 502, 503, 504)):
+                    unreachable[node] = (f"the kubelet of node {node} did not serve the {item} "
+                                         f"({reason}); not asked again")
                 return
         suffix = ".previous.log" if previous else ".log"
         bundle.files[f"logs/{name}/{container}{suffix}"] = text.encode()
