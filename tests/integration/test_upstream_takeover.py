@@ -270,12 +270,20 @@ def upstream_install(client: Client, crds: list[str]) -> Iterator[list[dict[str,
     except ApiError as e:
         if e.status.code != 409:
             raise
+    def labelled() -> list[Node]:  # NFD's labels, which the node stand-ins write on start
+        nodes = list(client.list(Node))
+        versions = {(n.metadata.labels or {}).get(f"{NFD}/system-os_release.VERSION_ID")
+                    for n in nodes
+                    if (n.metadata.labels or {}).get(f"{NFD}/pci-15b3.present") == "true"
+                    and (n.metadata.labels or {}).get(f"{NFD}/kernel-version.full")}
+        return nodes if len(versions - {None}) >= 2 else []
+
+    nodes = wait_for(labelled, timeout=60, what="two OS pools of NIC nodes labelled")
     policy = apply_policy(client, POLICY)
-    nodes = client.list(Node)
     managed = [n.metadata.name for n in nodes
                if (n.metadata.labels or {}).get(f"{NFD}/pci-15b3.present") == "true"]
     label_nodes(client, managed, {MOFED_WAIT: "false", UPGRADE_STATE: "upgrade-done"})
-    objects = upstream_objects(owner(policy), list(nodes))
+    objects = upstream_objects(owner(policy), nodes)
     for obj in objects:
         client.create(KINDS[obj["kind"]].from_dict(obj) if hasattr(KINDS[obj["kind"]],
                                                                    "from_dict") else obj)
