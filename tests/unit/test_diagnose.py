@@ -334,7 +334,7 @@ def test_the_command_exits_1_on_a_failure_and_0_without(monkeypatch: pytest.Monk
     from nicop.cli import app
 
     snap = pod_snapshot("train-1")
-    monkeypatch.setattr(status, "read_cluster", lambda kubeconfig, collect: snap)
+    monkeypatch.setattr(status, "read_cluster", lambda kubeconfig, collect, context=None: snap)
     ok = CliRunner().invoke(app, ["diagnose", "pod", "default/train-1", "-o", "json"])
     assert ok.exit_code == 0 and json.loads(ok.stdout)["result"] == "pass"
     bad = CliRunner().invoke(app, ["diagnose"])

@@ -397,7 +397,7 @@ def test_watch_is_for_tables_only() -> None:
 def test_watch_refreshes_until_interrupted(monkeypatch: pytest.MonkeyPatch) -> None:
     reads = []
 
-    def read_cluster(kubeconfig: Any, collect: Any) -> Obj:
+    def read_cluster(kubeconfig: Any, collect: Any, context: Any = None) -> Obj:
         reads.append(kubeconfig)
         return cluster_snapshot()
 
@@ -419,7 +419,8 @@ def test_watch_refreshes_until_interrupted(monkeypatch: pytest.MonkeyPatch) -> N
 def test_yaml_output_is_the_json_document(monkeypatch: pytest.MonkeyPatch) -> None:
     import yaml
 
-    monkeypatch.setattr(status, "read_cluster", lambda kubeconfig, collect: cluster_snapshot())
+    monkeypatch.setattr(status, "read_cluster",
+                        lambda kubeconfig, collect, context=None: cluster_snapshot())
     as_yaml = CliRunner().invoke(app, ["status", "-o", "yaml"])
     as_json = CliRunner().invoke(app, ["status", "-o", "json"])
     assert as_yaml.exit_code == as_json.exit_code == 0
