@@ -72,6 +72,13 @@ NOT_READY_RECHECK = 30.0
 MAX_RETRY = 60.0  # seconds between tries of a write the API server keeps refusing
 
 
+def owned_by(obj: Obj, policy: Obj) -> bool:
+    """The object names this policy as its owner. One left by an earlier policy of the same
+    name (deleted and created again) would be garbage-collected with that one: adopt it."""
+    uid = policy["metadata"].get("uid")
+    return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
+
+
 @dataclass
 class Applied:
     name: str
@@ -191,7 +198,7 @@ class PolicyController:
             revision = obj["metadata"]["annotations"][REVISION_ANNOTATION]
             if cached is None or (cached["metadata"].get("annotations") or {}).get(
                 REVISION_ANNOTATION
-            ) != revision:
+            ) != revision or not owned_by(cached, ctx.policy):
                 stored, recreated = await writes.apply(self.client, obj)
                 self.owned[res].assume(stored)
                 if recreated:

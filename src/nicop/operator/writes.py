@@ -60,6 +60,7 @@ async def apply(client: ApiClient, obj: Obj, *, res: Resource | None = None) -> 
     """Server-side apply; returns the stored object and what was done beyond the apply ("" or
     why the object was recreated)."""
     res = res or resource_of(obj)
+    log.info("applying %s", describe(obj))
     try:
         return await client.apply(obj, res=res), ""
     except ApiError as e:
