@@ -373,6 +373,9 @@ ALLOWED: tuple[tuple[str, str], ...] = (
     *(("policy", f"{v} nicclusterpolicies.mellanox.com") for v in ("get", "list", "watch")),
     ("policy", "patch nicclusterpolicies.mellanox.com --subresource=status"),
     ("policy", "update nicclusterpolicies.mellanox.com --subresource=finalizers"),
+    *(("node policies", f"{v} nicnodepolicies.mellanox.com") for v in ("get", "list", "watch")),
+    ("node policies", "patch nicnodepolicies.mellanox.com --subresource=status"),
+    ("node policies", "update nicnodepolicies.mellanox.com --subresource=finalizers"),
     *(("policy", f"{v} nodes") for v in ("list", "watch", "patch")),
     *(("policy", f"{v} pods -n {{ns}}") for v in ("list", "watch")),
     *(("policy", f"{v} {r} -n {{ns}}") for r in NAMESPACED_OBJECTS

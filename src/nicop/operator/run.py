@@ -17,6 +17,7 @@ from nicop.operator.caches import TRANSFORMS
 from nicop.operator.cni_daemon import CniDaemonController
 from nicop.operator.ipam import IpamController
 from nicop.operator.networks import NetworkController
+from nicop.operator.node_policy import NodePolicyController
 from nicop.operator.policy import PolicyController
 from nicop.operator.sriov import SriovPolicyController
 from nicop.operator.sriov_daemons import SriovDaemonsController
@@ -51,13 +52,10 @@ async def run(
                       transforms=TRANSFORMS)
     recorder = EventRecorder(client)
     cni_bin_dir = os.environ.get("CNI_BIN_DIR", "/opt/cni/bin")
-    PolicyController(
-        manager,
-        namespace,
-        recorder,
-        cni_bin_dir=cni_bin_dir,
-        cni_network_dir=os.environ.get("CNI_NETWORK_DIR", "/etc/cni/net.d"),
-    )
+    cni_dirs = {"cni_bin_dir": cni_bin_dir,
+                "cni_network_dir": os.environ.get("CNI_NETWORK_DIR", "/etc/cni/net.d")}
+    PolicyController(manager, namespace, recorder, **cni_dirs)
+    NodePolicyController(manager, namespace, recorder, **cni_dirs)
     NetworkController(manager)
     UpgradeController(manager, namespace, recorder)
     IpamController(manager, namespace)

@@ -21,7 +21,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from nicop import logs
-from nicop.api.labels import DRIVER_LABEL, POLICY_NAME, SAFE_LOAD_ANNOTATION
+from nicop.api.labels import DRIVER_LABEL, OWNER_LABEL, POLICY_NAME, SAFE_LOAD_ANNOTATION
 from nicop.api.upgrade import (
     CORDON,
     DONE,
@@ -271,7 +271,9 @@ class UpgradeController:
                     newest[ref["uid"]] = rev.get("revision", 0)
                     current[ref["uid"]] = (rev["metadata"].get("labels") or {}).get(
                         "controller-revision-hash", "")
-        pods = {(p.get("spec") or {}).get("nodeName"): p for p in self.driver_pods.store.items()}
+        # A NicNodePolicy's driver pods are not upgraded by the cluster policy's upgradePolicy.
+        pods = {(p.get("spec") or {}).get("nodeName"): p for p in self.driver_pods.store.items()
+                if not (p["metadata"].get("labels") or {}).get(OWNER_LABEL, "").startswith("nnp-")}
         views = []
         for node in sorted(self.nodes.store.items(), key=lambda n: n["metadata"]["name"]):
             pod = pods.get(node["metadata"]["name"])

@@ -18,6 +18,7 @@ from nicop.api.agents import POD_ENV, READY_FILE, READY_FILE_ENV, READY_PROBE, o
 from nicop.api.labels import (
     CONFIG_HASH_ANNOTATION,
     MOFED_WAIT_LABEL,
+    OWNER_VALUE,
 )
 from nicop.kube.resources import Obj
 
@@ -52,10 +53,35 @@ class Context:
     opt_in_used: bool = False
     """Some node carries nvidia.com/network-operator (opted in or out): the driver DaemonSets
     then select managed nodes by nicop's rule rather than by the NIC label alone."""
+    node_policy: str | None = None
+    """The NicNodePolicy these objects are rendered for (None: the NicClusterPolicy). Its
+    objects get upstream's per-policy names, its nodeSelector and `ds-owner: nnp-<name>`."""
 
     @property
     def spec(self) -> Obj:
         return self.policy.get("spec") or {}
+
+    @property
+    def owner(self) -> str:
+        """The `ds-owner` label of the objects rendered for this policy."""
+        return f"nnp-{self.node_policy}" if self.node_policy else OWNER_VALUE
+
+    @property
+    def name_hash_suffix(self) -> str:
+        """Upstream's suffix of a NicNodePolicy's DaemonSet names: `-<hash of its name>`."""
+        return f"-{name_hash(self.node_policy)}" if self.node_policy else ""
+
+    @property
+    def name_suffix(self) -> str:
+        """Upstream's suffix of a NicNodePolicy's ConfigMaps and selectors: `-<its name>`."""
+        return f"-{self.node_policy}" if self.node_policy else ""
+
+    @property
+    def node_selector(self) -> dict[str, str]:
+        """A NicNodePolicy's nodeSelector, added to every node DaemonSet it renders."""
+        if not self.node_policy:
+            return {}
+        return dict(self.spec.get("nodeSelector") or {})
 
 
 Render = Callable[[Context, Obj, str], list[Obj]]
@@ -270,7 +296,8 @@ def daemonset(
     pod: Obj = {
         "hostNetwork": host_network,
         "priorityClassName": "system-node-critical",
-        "nodeSelector": {"kubernetes.io/os": "linux", **(node_selector or {})},
+        "nodeSelector": {"kubernetes.io/os": "linux", **(node_selector or {}),
+                         **ctx.node_selector},
         "tolerations": tolerations if tolerations is not None else [
             *(ctx.spec.get("tolerations") or []), GPU_TOLERATION],
         "containers": containers,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from nicop.api.agents import uses_nicop
-from nicop.api.labels import OWNER_LABEL, OWNER_VALUE
+from nicop.api.labels import OWNER_LABEL
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
     AFTER_DRIVER,
@@ -86,6 +86,6 @@ def device_plugin(
         ctx, name, spec, [plugin],
         app=app, node_selector=AFTER_DRIVER, volumes=volumes, config=config,
         service_account_name=account, selector=selector,
-        pod_labels={**(pod_labels or {}), OWNER_LABEL: OWNER_VALUE},
+        pod_labels={**(pod_labels or {}), OWNER_LABEL: ctx.owner},
     ))
     return objects

@@ -26,7 +26,6 @@ from nicop.api.labels import (
     OS_LABEL,
     OS_VERSION_LABEL,
     OWNER_LABEL,
-    OWNER_VALUE,
     POOL_LABELS,
     SAFE_LOAD_ANNOTATION,
 )
@@ -201,7 +200,8 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
         pod_spec["terminationGracePeriodSeconds"] = spec.get("terminationGracePeriodSeconds", 300)
         pod_spec["volumes"] = volumes
         pod_spec["nodeSelector"] = {MELLANOX_LABEL: "true", OS_LABEL: os_id,
-                                    OS_VERSION_LABEL: os_version, KERNEL_LABEL: kernel}
+                                    OS_VERSION_LABEL: os_version, KERNEL_LABEL: kernel,
+                                    **ctx.node_selector}
         node_affinity = json.loads(json.dumps(ctx.spec.get("nodeAffinity") or {}))
         if ctx.opt_in_used:
             # nicop's opt-in and opt-out: managed nodes carry mofed.wait, whatever their NIC label.
@@ -215,7 +215,8 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
                     {"key": MOFED_WAIT_LABEL, "operator": "Exists"})
         if node_affinity:
             pod_spec["affinity"]["nodeAffinity"] = node_affinity
-        app = pool_name(os_id, os_version, kernel)
+        # A NicNodePolicy's pools add the hash of its name, as upstream's.
+        app = pool_name(os_id, os_version, kernel) + ctx.name_hash_suffix
         objects.append({
             "apiVersion": "apps/v1",
             "kind": "DaemonSet",
@@ -226,7 +227,7 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
                 "selector": {"matchLabels": {"app": app}},
                 "template": {
                     "metadata": {"labels": {"app": app, "kernel": kernel, DRIVER_LABEL: "",
-                                            OWNER_LABEL: OWNER_VALUE}},
+                                            OWNER_LABEL: ctx.owner}},
                     "spec": pod_spec,
                 },
             },

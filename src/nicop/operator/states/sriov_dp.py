@@ -10,15 +10,19 @@ NAME = "network-operator-sriov-device-plugin"
 
 
 def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
+    """For a NicNodePolicy, upstream names the DaemonSet by the policy's name hash and the
+    ConfigMap by its name; the ServiceAccount is shared."""
+    name = f"{NAME}{ctx.name_hash_suffix}"
     return device_plugin(
-        ctx, spec, path, name=NAME,
+        ctx, spec, path, name=name,
         container_name="kube-sriovdp", app="sriovdp",
-        config_map_name="network-operator-sriovdp-config", config_dir="/etc/pcidp",
+        config_map_name=f"network-operator-sriovdp-config{ctx.name_suffix}",
+        config_dir="/etc/pcidp",
         host_dirs={"devicesock": "/var/lib/kubelet/device-plugins",
                    "plugins-registry": "/var/lib/kubelet/plugins_registry",
                    "log": "/var/log", "device-info": "/var/run/k8s.cni.cncf.io/devinfo/dp"},
         args=["--log-dir=sriovdp", "--log-level=10"], agent="sriov-device-plugin",
-        selector={"name": NAME}, pod_labels={"tier": "node"}, service_account_name=NAME,
+        selector={"name": name}, pod_labels={"tier": "node"}, service_account_name=NAME,
         host_types={"device-info": "DirectoryOrCreate", "dynamic-cdi": "DirectoryOrCreate",
                     "host-config-volume": "DirectoryOrCreate"},
         # With CDI the plugin writes its specs and reads the host's /etc/pcidp, as upstream's

@@ -1,0 +1,366 @@
+"""Applying a state's rendered objects for one policy, deleting its stale ones, judging readiness.
+
+NicClusterPolicy and NicNodePolicy share this: a policy's objects are told apart by their state
+label and their `ds-owner` label (`NicClusterPolicy` or `nnp-<name>`), as upstream's. An object
+is written only when its content hash differs from the one on the cached copy, so a policy at
+rest costs no writes, also after a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from nicop import logs
+from nicop.api.labels import (
+    DRIVER_CONTAINER,
+    DRIVER_LABEL,
+    MELLANOX_LABEL,
+    MOFED_WAIT_LABEL,
+    OPT_IN_LABEL,
+    OWNER_LABEL,
+    OWNER_VALUE,
+    REVISION_ANNOTATION,
+    STATE_LABEL,
+)
+from nicop.api.nodes import labels_of
+from nicop.kube.client import ApiClient
+from nicop.kube.events import EventRecorder
+from nicop.kube.informer import Informer
+from nicop.kube.manager import Manager
+from nicop.kube.resources import (
+    CLUSTER_ROLE,
+    CLUSTER_ROLE_BINDING,
+    CONFIGMAP,
+    CRD,
+    DAEMONSET,
+    DEPLOYMENT,
+    NODE,
+    PERSISTENT_VOLUME_CLAIM,
+    SERVICE_ACCOUNT,
+    Obj,
+    Resource,
+    key_of,
+    resource_of,
+)
+from nicop.kube.scheduling import daemon_pod_filter
+from nicop.kube.times import stamp
+from nicop.operator import writes
+from nicop.operator.states.base import Context, RenderError, State, content_hash
+from nicop.operator.states.partial import PartialState
+from nicop.operator.writes import WriteFailed
+
+log = logging.getLogger(__name__)
+
+OWNED = (SERVICE_ACCOUNT, CONFIGMAP, CLUSTER_ROLE, CLUSTER_ROLE_BINDING, DAEMONSET, DEPLOYMENT,
+         CRD, PERSISTENT_VOLUME_CLAIM)
+# As upstream: a component's CRDs stay when its section is removed (their CRs would go with
+# them); they go with the policy, through its ownerReference.
+KEPT_ON_REMOVAL = (CRD,)
+
+
+def owned_by(obj: Obj, policy: Obj) -> bool:
+    """The object names this policy as its owner. One left by an earlier policy of the same
+    name (deleted and created again) would be garbage-collected with that one: adopt it."""
+    uid = policy["metadata"].get("uid")
+    return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
+
+
+def owner_of(obj: Obj) -> str:
+    """The `ds-owner` of a rendered object; objects from before the label are the cluster
+    policy's."""
+    return str((obj["metadata"].get("labels") or {}).get(OWNER_LABEL, OWNER_VALUE))
+
+
+def owner_reference(kind: Resource, policy: Obj, controller: bool = True) -> Obj:
+    pm = policy["metadata"]
+    ref: Obj = {"apiVersion": kind.api_version, "kind": kind.kind, "name": pm["name"],
+                "uid": pm["uid"]}
+    if controller:
+        ref.update({"controller": True, "blockOwnerDeletion": True})
+    return ref
+
+
+@dataclass
+class Applied:
+    name: str
+    state: str  # ready | notReady | ignore | error
+    message: str = ""
+    refused: bool = False  # the API server refused a write: the spec is not fully handled
+
+
+class StateSync:
+    """The objects every policy renders (cached by state label), written and judged."""
+
+    def __init__(self, manager: Manager, namespace: str, recorder: EventRecorder) -> None:
+        self.client = manager.client
+        self.recorder = recorder
+        self.nodes = manager.informer(NODE)
+        self.owned: dict[Resource, Informer] = {
+            res: manager.informer(res, namespace if res.namespaced else None,
+                                  label_selector=STATE_LABEL)
+            for res in OWNED
+        }
+        # Bumped whenever a node's labels or taints change: the nodes a DaemonSet template fits
+        # are counted again only then (DaemonSet key -> (epoch, generation, count)).
+        self._placement_epoch = 0
+        self._fitting: dict[str, tuple[int, int, int]] = {}
+
+    def placement_changed(self) -> None:
+        self._placement_epoch += 1
+
+    def objects_of(self, state_name: str, owner: str) -> list[tuple[Resource, Obj]]:
+        return [
+            (res, obj)
+            for res, informer in self.owned.items()
+            for obj in informer.store.items()
+            if (obj["metadata"].get("labels") or {}).get(STATE_LABEL) == state_name
+            and owner_of(obj) == owner
+        ]
+
+    async def sync(self, state: State, ctx: Context, unmanaged: list[str], kind: Resource,
+                   section: Obj | None, co_owners: Mapping[str, list[Obj]] | None = None
+                   ) -> Applied:
+        """Apply `section` of the policy `ctx.policy` (of `kind`); None removes its objects.
+
+        `co_owners` names, by `Kind/key`, the policies of the same kind that render the same
+        object (a ServiceAccount several NicNodePolicies share): it is owned by all of them,
+        written by the first by name, and goes when the last of them goes."""
+        try:
+            return await self._apply(state, ctx, unmanaged, kind, section, co_owners or {})
+        except WriteFailed as e:
+            name = ctx.policy["metadata"]["name"]
+            log.error("%s: %s", state.name, e, extra=logs.about(kind.kind, name))
+            await self.recorder.emit(ctx.policy, "Warning", "ApplyFailed", f"{state.name}: {e}")
+            return Applied(state.name, "error", str(e), refused=True)
+
+    async def _apply(self, state: State, ctx: Context, unmanaged: list[str], kind: Resource,
+                     section: Obj | None, co_owners: Mapping[str, list[Obj]]) -> Applied:
+        existing = self.objects_of(state.name, ctx.owner)
+        if section is None:
+            existing = [(res, o) for res, o in existing if res not in KEPT_ON_REMOVAL]
+            for res, obj in existing:
+                await writes.delete(self.client, res, obj)
+            if existing:
+                return Applied(state.name, "notReady",
+                               f"deleting {len(existing)} objects of the removed section")
+            return Applied(state.name, "ignore")
+        try:
+            objects = state.render(ctx, section, state.path)
+        except RenderError as e:
+            return Applied(state.name, "error", str(e))
+        name = ctx.policy["metadata"]["name"]
+        wanted = set()
+        for obj in objects:
+            others = [o for o in co_owners.get(f"{obj['kind']}/{key_of(obj)}") or []
+                      if o["metadata"]["uid"] != ctx.policy["metadata"]["uid"]]
+            if any(o["metadata"]["name"] < name for o in others):
+                continue  # written by the first of its owners by name
+            self._own(obj, state, ctx, kind, others)
+            res = resource_of(obj)
+            wanted.add((res, key_of(obj)))
+            cached = self.owned[res].store.get(key_of(obj))
+            revision = obj["metadata"]["annotations"][REVISION_ANNOTATION]
+            if cached is None or (cached["metadata"].get("annotations") or {}).get(
+                REVISION_ANNOTATION
+            ) != revision or not owned_by(cached, ctx.policy):
+                stored, recreated = await writes.apply(self.client, obj)
+                self.owned[res].assume(stored)
+                if recreated:
+                    await self.recorder.emit(ctx.policy, "Warning", "Recreated",
+                                             f"{state.name}: {recreated}")
+        stale = [(res, o) for res, o in existing if (res, key_of(o)) not in wanted]
+        for res, obj in stale:
+            await writes.delete(self.client, res, obj)
+        if stale:
+            return Applied(state.name, "notReady", f"deleting {len(stale)} stale objects")
+        problems = [p for obj in objects if (p := self._not_ready(obj, ctx, unmanaged))]
+        # What nicop does not do for this section is said whether or not it is ready.
+        gaps = state.unsupported(section, state.path) if isinstance(state, PartialState) else []
+        if problems:
+            return Applied(state.name, "notReady", "; ".join(problems + gaps))
+        return Applied(state.name, "ready", "; ".join(gaps))
+
+    def _own(self, obj: Obj, state: State, ctx: Context, kind: Resource,
+             co_owners: list[Obj]) -> None:
+        """Label, annotate and owner-reference a rendered object (the revision hashes the rest)."""
+        m = obj["metadata"]
+        m.setdefault("labels", {}).update({STATE_LABEL: state.name, OWNER_LABEL: ctx.owner})
+        others = sorted(co_owners, key=lambda o: o["metadata"]["name"])
+        # Co-owners are hashed in, so one more or less rewrites the owner references.
+        m.setdefault("annotations", {})[REVISION_ANNOTATION] = content_hash(
+            [obj, [o["metadata"]["uid"] for o in others]] if others else obj)
+        m["ownerReferences"] = [owner_reference(kind, ctx.policy), *(
+            owner_reference(kind, o, controller=False) for o in others)]
+
+    def _not_ready(self, obj: Obj, ctx: Context, unmanaged: list[str]) -> str | None:
+        """Why a rendered object is not ready yet, in words a user can act on; None if ready."""
+        res = resource_of(obj)
+        cached = self.owned[res].store.get(key_of(obj))
+        where = f"{obj['kind']} {key_of(obj)}"
+        if cached is None:
+            return f"{where} is being created"
+        status = cached.get("status") or {}
+        generation = cached["metadata"].get("generation", 0)
+        if res in (DAEMONSET, DEPLOYMENT) and status.get("observedGeneration", 0) < generation:
+            return f"{where} is being updated"
+        if res == CRD:
+            established = any(c.get("type") == "Established" and c.get("status") == "True"
+                              for c in status.get("conditions") or [])
+            return None if established else f"{where} is not established yet"
+        if res == PERSISTENT_VOLUME_CLAIM:
+            phase = status.get("phase", "Pending")
+            if phase == "Bound":
+                return None
+            storage_class = cached["spec"].get("storageClassName") or "the default class"
+            return (f"{where} is {phase}: no volume of storage class {storage_class} is bound "
+                    "to it (is there a provisioner for that class?)")
+        if res == DEPLOYMENT:
+            want = cached["spec"].get("replicas", 1)
+            have = status.get("readyReplicas", 0)
+            return None if have >= want else f"{where}: {have} of {want} replicas ready"
+        if res != DAEMONSET:
+            return None
+        desired = status.get("desiredNumberScheduled", 0)
+        available = status.get("numberAvailable", 0)
+        updated = status.get("updatedNumberScheduled", 0)
+        if desired == 0:
+            return f"{where} matches no node: " + self._why_no_node(cached, ctx, unmanaged)
+        if available != desired or updated != desired:
+            return f"{where}: {available} of {desired} pods available, {updated} updated" + \
+                _driver_image_note(obj)
+        # Ready by its status, unless nodes it should run on are not counted yet (e.g. a node
+        # whose driver just became ready): asked last, as it looks at every node.
+        expected = self._nodes_fitting(cached)
+        if desired < expected:
+            return (f"{where}: scheduled on {desired} of the {expected} nodes it should run on "
+                    "(the DaemonSet controller has not caught up yet)")
+        return None
+
+    def _nodes_fitting(self, ds: Obj) -> int:
+        """How many nodes the DaemonSet's template fits, counted again only when its
+        generation or a node's labels or taints changed."""
+        key, generation = key_of(ds), ds["metadata"].get("generation", 0)
+        known = self._fitting.get(key)
+        if known is not None and known[:2] == (self._placement_epoch, generation):
+            return known[2]
+        fits = daemon_pod_filter(ds["spec"]["template"].get("spec") or {})
+        count = sum(map(fits, self.nodes.store.items()))
+        self._fitting[key] = (self._placement_epoch, generation, count)
+        return count
+
+    def _why_no_node(self, ds: Obj, ctx: Context, unmanaged: list[str]) -> str:
+        managed = ctx.managed_nodes
+        if not managed:
+            reason = (f"no node is managed (0 nodes have label {MELLANOX_LABEL}=true or "
+                      f"{OPT_IN_LABEL}=true)")
+            if ctx.node_policy:
+                reason = "no managed node matches the policy's nodeSelector"
+        else:
+            selector = ds["spec"]["template"]["spec"].get("nodeSelector") or {}
+            reason = f"none of the {len(managed)} managed nodes match its nodeSelector"
+            for label, value in selector.items():
+                count = sum(labels_of(n).get(label) == value for n in managed)
+                if count == 0:
+                    reason = f"0 of {len(managed)} managed nodes have {label}={value}"
+                    if label == MOFED_WAIT_LABEL:
+                        reason += " (waiting for the driver container to be ready)"
+                    break
+        return "; ".join([reason, *unmanaged])
+
+
+def build_status(policy: Obj, states: Sequence[State], applied: list[Applied],
+                 unmanaged: list[str], label_errors: list[str]) -> Obj:
+    """The status of a policy (either kind) from its states, in upstream's shape."""
+    generation = policy["metadata"].get("generation", 0)
+    if any(a.refused for a in applied) or label_errors:
+        # Part of the spec was not applied: the generation stays the last fully handled one.
+        generation = (policy.get("status") or {}).get("observedGeneration", 0)
+    not_ready = [a for a in applied if a.state in ("notReady", "error")]
+    errors = [a for a in applied if a.state == "error"]
+    conditions = []
+    for state, a in zip(states, applied, strict=True):
+        if a.state == "ignore":
+            continue
+        reason = {"ready": "ComponentReady", "notReady": "ComponentNotReady",
+                  "error": "ComponentError"}[a.state]
+        conditions.append(condition(state.condition, a.state == "ready", reason,
+                                     a.message or f"{state.name} is {a.state}", generation))
+    # The reason names the first failing component (its condition type, Ready -> Error).
+    failing = {a.name: s.condition for s, a in zip(states, applied, strict=True)}
+    if errors:
+        ready_reason = failing[errors[0].name].removesuffix("Ready") + "Error"
+    elif label_errors:
+        ready_reason = "NodeLabelsError"
+    else:
+        ready_reason = "ComponentsNotReady" if not_ready else "AllComponentsReady"
+    parts = [f"error: {a.name}: {a.message}" for a in errors] + label_errors
+    waiting = [a.name for a in not_ready if a.state != "error"]
+    if waiting:
+        parts.append("not ready: " + ", ".join(waiting))
+    message = "; ".join(parts) or "all components are ready"
+    if unmanaged:
+        message += "; " + "; ".join(unmanaged)
+    ok = not not_ready and not label_errors
+    conditions.append(condition("Ready", ok, ready_reason, message, generation))
+    return {
+        "state": "error" if errors or label_errors else "notReady" if not_ready else "ready",
+        "appliedStates": [
+            {"name": a.name, "state": a.state, **({"message": a.message} if a.message else {})}
+            for a in applied
+        ],
+        "conditions": conditions,
+        "observedGeneration": generation,
+    }
+
+
+async def write_status(client: ApiClient, policies: Informer, kind: Resource,
+                       recorder: EventRecorder, policy: Obj, status: Obj) -> None:
+    """Write a policy's status when it changed (transition times kept), with an Event when
+    its state changes."""
+    old = policy.get("status") or {}
+    old_conditions = {c["type"]: c for c in old.get("conditions") or []}
+    for c in status.get("conditions", []):
+        previous = old_conditions.get(c["type"])
+        if previous and previous.get("status") == c["status"]:
+            c["lastTransitionTime"] = previous.get("lastTransitionTime",
+                                                   c["lastTransitionTime"])
+    if comparable(old) == comparable(status):
+        return
+    # Lists and keys nicop no longer sets must disappear: null them in the merge patch.
+    patch = {**{k: None for k in old if k not in status}, **status}
+    # Into the cache at once: the next reconcile compares with what the server now holds,
+    # not with an older status the watch has yet to replace.
+    policies.assume(await client.patch(kind, policy["metadata"]["name"],
+                                       {"status": patch}, subresource="status"))
+    if old.get("state") != status["state"]:
+        ready = status["state"] == "ready"
+        message = next((str(c["message"]) for c in status.get("conditions", [])
+                        if c["type"] == "Ready"), str(status.get("reason", status["state"])))
+        await recorder.emit(policy, "Normal" if ready else "Warning",
+                            "Ready" if ready else "NotReady", message)
+        log.info("policy state %s", status["state"],
+                 extra=logs.about(kind.kind, policy["metadata"]["name"]))
+
+
+def condition(type_: str, ok: bool, reason: str, message: str, generation: int) -> Obj:
+    return {"type": type_, "status": "True" if ok else "False", "reason": reason,
+            "message": message, "observedGeneration": generation, "lastTransitionTime": stamp()}
+
+
+def comparable(status: Obj) -> Obj:
+    """The status without what changes on every write (transition times)."""
+    conditions = [{k: v for k, v in c.items() if k != "lastTransitionTime"}
+                  for c in status.get("conditions") or []]
+    return {**status, "conditions": conditions}
+
+
+def _driver_image_note(ds: Obj) -> str:
+    """For a driver DaemonSet, the image its pods need: with forcePrecompiled the precompiled
+    tag, which nicop does not look up in the registry, so a missing one is named here."""
+    if DRIVER_LABEL not in (ds["metadata"].get("labels") or {}):
+        return ""
+    containers = ds["spec"]["template"]["spec"].get("containers") or []
+    ref = next((c.get("image") for c in containers if c.get("name") == DRIVER_CONTAINER), None)
+    return f" (driver image {ref})" if ref else ""
