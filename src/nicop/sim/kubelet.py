@@ -307,7 +307,8 @@ class Kubelet:
                         if event == "DELETED" or meta.deletionTimestamp:
                             for resource, ids in self._held.pop(meta.uid, []):
                                 self._in_use.get(resource, set()).difference_update(ids)
-                        elif meta.uid not in self._held:
+                        elif meta.uid not in self._held and not (
+                                pod.status and pod.status.phase in ("Failed", "Succeeded")):
                             recorded = (meta.annotations or {}).get(DEVICES_ANNOTATION)
                             if recorded:  # allocated before a restart: hold it again
                                 self._hold(meta.uid, json.loads(recorded))
@@ -325,6 +326,23 @@ class Kubelet:
         for resource, ids in held:
             self._in_use.setdefault(resource, set()).update(ids)
         self._held[uid] = held
+
+    @staticmethod
+    async def _reject(client: Any, pod: Any, why: str) -> None:
+        """Fail the pod as the kubelet does when a device plugin cannot allocate (a plugin that
+        restarted between scheduling and start): its controller makes another, which the
+        scheduler places once the node advertises the devices again."""
+        from lightkube.resources.core_v1 import Pod
+
+        try:
+            await client.patch(Pod.Status, pod.metadata.name, namespace=pod.metadata.namespace,
+                               obj={"status": {
+                                   "phase": "Failed", "reason": "UnexpectedAdmissionError",
+                                   "message": f"Allocate failed due to {why}, which is "
+                                              "unexpected"}})
+        except Exception as e:  # gone meanwhile, or the API server is restarting
+            log.warning("kubelet: could not fail pod %s/%s: %s", pod.metadata.namespace,
+                        pod.metadata.name, e)
 
     async def _admit(self, client: Any, pod: Any) -> None:
         from lightkube.resources.core_v1 import Pod
@@ -350,6 +368,7 @@ class Kubelet:
                     log.warning("kubelet: pod %s/%s: %s", meta.namespace, meta.name, e)
                     for taken_resource, taken in held:
                         self._in_use[taken_resource].difference_update(taken)
+                    await self._reject(client, pod, str(e))
                     return
                 in_use.update(ids)
                 held.append((resource, ids))
