@@ -1,7 +1,9 @@
 """`python -m nicop` runs the `nicop` command.
 
-`nicop probe-ready` is answered before the command line is parsed: exec probes run it every few
-seconds in every agent container, so it must not pay for importing the whole CLI.
+`nicop probe-ready` and `nicop driver probe KIND` are answered before the command line is parsed:
+exec probes run them every few seconds in every agent and driver container, so they must not pay
+for importing the whole CLI (a probe that outlives its timeout on a busy node marks the driver
+not ready, and every component that waits for the driver leaves the node).
 """
 
 import sys
@@ -12,6 +14,14 @@ if sys.argv[1:] == ["probe-ready"]:
     ok, reason = probe()
     print(reason)
     sys.exit(0 if ok else 1)
+
+if len(sys.argv) == 4 and sys.argv[1:3] == ["driver", "probe"]:
+    from nicop.node.kernel import PROBE_KINDS, probe_from_env
+
+    if sys.argv[3] in PROBE_KINDS:
+        ok, reason = probe_from_env(sys.argv[3])
+        print(reason)
+        sys.exit(0 if ok else 1)
 
 from nicop.cli import main
 

@@ -418,7 +418,7 @@ def upgrade_table(client: Any, cluster: LocalCluster, target: str) -> tuple[Tabl
     """Each node's upgrade state and the driver version its simulated kernel has loaded."""
     from lightkube.resources.core_v1 import Node
 
-    from nicop.node.driver import version_matches
+    from nicop.node.kernel import version_matches
 
     table = Table("node", "upgrade state", "cordoned", "driver loaded")
     done = total = 0

@@ -15,11 +15,9 @@ from nicop.node.driver import (
     DriverConfig,
     DriverError,
     ValidationFailed,
-    loaded_modules,
     nic_functions,
-    probe,
-    version_matches,
 )
+from nicop.node.kernel import loaded_modules, probe, version_matches
 from nicop.sim.hardware import PROFILES, SimulatedHost
 from nicop.sim.kernel import SimulatedBackend, SimulatedKernel
 

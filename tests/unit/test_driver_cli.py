@@ -51,6 +51,25 @@ def test_probes_exit_with_a_one_line_reason(node: Path) -> None:
     assert bad.exit_code == 1 and "unknown probe 'health'" in bad.output
 
 
+
+def test_the_probe_as_the_daemonset_runs_it_answers_the_same_without_loading_the_cli(
+        node: Path) -> None:
+    """The DaemonSet's probe is `nicop driver probe KIND` with options from the container's
+    environment, run every few seconds: it says what the full command says, without importing
+    the CLI (a probe slower than its timeout on a busy node marks the driver not ready)."""
+    (node / READY).parent.mkdir(parents=True)
+    (node / READY).write_text(VERSION + "\n")
+    env = {**os.environ, "NICOP_HOST_ROOT": str(node), "NVIDIA_NIC_DRIVER_VER": VERSION}
+    for kind in ("startup", "liveness", "readiness"):
+        run = subprocess.run([sys.executable, "-X", "importtime", "-m", "nicop", "driver",
+                              "probe", kind], env=env, capture_output=True, text=True,
+                             timeout=60)
+        full = CliRunner().invoke(app, ["driver", "probe", kind], env=env)
+        assert (run.returncode, run.stdout) == (full.exit_code, full.output)
+        imported = {line.split("|")[-1].strip() for line in run.stderr.splitlines()}
+        assert "typer" not in imported and "nicop.cli" not in imported
+    assert run.returncode == 1 and "want " + VERSION in run.stdout
+
 def _driver(node: Path, log: Path, **env: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [*NICOP, "driver", "run", "--backend", "sim", "--host-root", str(node),

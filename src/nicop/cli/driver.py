@@ -159,11 +159,11 @@ def driver_probe(
     version: DriverVersion = None,
 ) -> None:
     """Exit 0 or 1 with a one-line reason, for the driver DaemonSet's probes."""
-    from nicop.node import driver
     from nicop.node.host import Host
+    from nicop.node.kernel import probe
 
     try:
-        ok, reason = driver.probe(Host.in_container(host_root), kind, ready_file, version)
+        ok, reason = probe(Host.in_container(host_root), kind, ready_file, version)
     except ValueError as e:
         raise fail(str(e)) from None
     print(reason)

@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,13 +37,13 @@ from nicop.kube.resources import NODE
 from nicop.node import discovery
 from nicop.node.driver_backends import BackendError, DriverBackend
 from nicop.node.host import Host
+from nicop.node.kernel import Module, loaded_modules, loaded_version, version_matches
 
 log = logging.getLogger("nicop.driver")
 
 READY_FILE = DRIVER_READY_FILE
 # Host /etc is mounted at /host/etc in the driver container.
 UDEV_RULES_FILE = "/host/etc/udev/rules.d/77-mlnx-net-names.rules"
-PROC_MODULES = "/proc/modules"
 OSRELEASE = "/proc/sys/kernel/osrelease"
 
 # The driver proper: the modules the upstream init container checks and blacklists.
@@ -168,40 +167,6 @@ def load_init_config(path: Path) -> tuple[bool, str]:
 # ------------------------------------------------------------------------------ what runs
 
 
-@dataclass(frozen=True)
-class Module:
-    """A line of /proc/modules."""
-
-    name: str
-    refcnt: int
-    holders: tuple[str, ...]
-
-    @property
-    def users(self) -> int:
-        """References that are not other modules: open devices, connections, mounts."""
-        return max(0, self.refcnt - len(self.holders))
-
-
-def loaded_modules(host: Host) -> dict[str, Module]:
-    modules = {}
-    for line in (host.read(PROC_MODULES) or "").splitlines():
-        fields = line.split()
-        if len(fields) < 4:
-            continue
-        try:
-            refcnt = int(fields[2])
-        except ValueError:
-            refcnt = 0
-        holders = tuple(h for h in fields[3].split(",") if h and h != "-")
-        modules[fields[0]] = Module(fields[0], refcnt, holders)
-    return modules
-
-
-def loaded_version(host: Host) -> str | None:
-    """The running mlx5_core's version; None for the inbox driver, which reports none."""
-    return host.read("/sys/module/mlx5_core/version") or None
-
-
 def running_kernel(host: Host) -> str:
     release = host.read(OSRELEASE)
     if not release:
@@ -216,27 +181,6 @@ def os_id(host: Host) -> str:
         if key == "ID":
             return value.strip().strip('"')
     return ""
-
-
-# An image tag's version: doca3.2.0-25.10-1.2.8.0-1 is driver 25.10-1.2.8.0, container build 1.
-_TAG = re.compile(r"^(?:doca[\d.]+-)?(\d+\.\d+-\d+(?:\.\d+)*)(?:-\d+)?$")
-
-
-def _version_key(version: str) -> list[str]:
-    """Comparable parts of a version: DOCA prefix, container build, trailing zeros don't count."""
-    version = version.strip()
-    if match := _TAG.match(version):
-        version = match.group(1)
-    parts = re.split(r"[.-]", version)
-    while len(parts) > 1 and parts[-1].strip("0") == "":
-        parts.pop()
-    return parts
-
-
-def version_matches(loaded: str | None, wanted: str) -> bool:
-    """mlx5_core reports `25.10-1.2.8` for the package `25.10-1.2.8.0` and the image tag
-    `doca3.2.0-25.10-1.2.8.0-1`: those all match."""
-    return loaded is not None and _version_key(loaded) == _version_key(wanted)
 
 
 def describe(modules: Mapping[str, Module], version: str | None) -> str:
@@ -730,35 +674,3 @@ class DriverAgent:
 
 
 # ------------------------------------------------------------------------------ probes
-
-
-def probe(host: Host, kind: str, ready_file: str = READY_FILE,
-          version: str | None = None) -> tuple[bool, str]:
-    """(ok, one-line reason) for the DaemonSet's startup, liveness and readiness probes.
-
-    startup: the readiness file exists (the driver was validated). liveness: mlx5_core is
-    loaded (as upstream's `lsmod | grep mlx5_core`). readiness: both, and when `version` is
-    given, mlx5_core reports it.
-    """
-    if kind not in ("startup", "liveness", "readiness"):
-        raise ValueError(f"unknown probe {kind!r}: startup, liveness or readiness")
-    ready = host.exists(ready_file)
-    modules = loaded_modules(host)
-    current = loaded_version(host)
-    loaded = "mlx5_core" in modules
-    what = f"mlx5_core {current or 'inbox'} loaded"
-    if kind == "startup":
-        if ready:
-            return True, f"driver ready ({what})" if loaded else "driver ready"
-        return False, (f"driver not ready yet: {ready_file} does not exist (installing, "
-                       "building or validating; see the container log)")
-    if not loaded:
-        return False, "mlx5_core is not loaded"
-    if kind == "liveness":
-        return True, what
-    if not ready:
-        return False, (f"{what}, but {ready_file} does not exist (validation pending or "
-                       "failed, or the container is stopping)")
-    if version and not version_matches(current, version):
-        return False, f"{what}, want {version}"
-    return True, f"{what}, ready"
