@@ -313,3 +313,17 @@ def test_hostpath_types_are_upstreams() -> None:
     nfd = by_kind(nic_feature_discovery.render(ctx({}), {"image": "nfd", **IMAGE}, "spec.x"),
                   "DaemonSet")["nic-feature-discovery-ds"]
     assert pod(nfd)["volumes"][0]["hostPath"]["type"] == "DirectoryOrCreate"
+
+
+def test_the_ipam_controller_runs_two_replicas_spread_over_nodes_as_upstream() -> None:
+    """manifests/state-nv-ipam-cni/040-nv-ipam-controller.yaml: replicas 2, leader election, a
+    preferred anti-affinity on kubernetes.io/hostname."""
+    controller = by_kind(nv_ipam.render(ctx({}), {"image": "nvidia-k8s-ipam", **IMAGE},
+                                        "spec.nvIpam"), "Deployment")["nv-ipam-controller"]
+    assert controller["spec"]["replicas"] == 2
+    assert "--leader-elect=true" in controller["spec"]["template"]["spec"]["containers"][0]["args"]
+    [term] = controller["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"] == {
+        "matchLabels": {"name": "nv-ipam-controller"}}

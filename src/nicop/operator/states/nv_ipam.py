@@ -36,12 +36,7 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
         *cluster_rbac(ctx, CONTROLLER, [POOLS, nodes_rule,
                                         {"apiGroups": ["coordination.k8s.io"],
                                          "resources": ["leases"], "verbs": ["*"]}]),
-        deployment(ctx, CONTROLLER, spec,
-                   [container(CONTROLLER, ref, spec, command=["/ipam-controller"],
-                              args=["--leader-elect=true",
-                                    f"--ippools-namespace={ctx.namespace}"])],
-                   service_account_name=CONTROLLER, selector={"name": CONTROLLER},
-                   pod_labels={"component": CONTROLLER, "app": "nv-ipam"}),
+        controller(ctx, spec, ref),
         service_account(ctx, NODE),
         *cluster_rbac(ctx, NODE, [POOLS, nodes_rule, pods_rule]),
         daemonset(ctx, NODE, spec,
@@ -51,6 +46,24 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
                   app="nv-ipam", volumes=[cni_bin, state_dir], service_account_name=NODE,
                   selector={"name": NODE}, pod_labels={"component": NODE}),
     ]
+
+
+def controller(ctx: Context, spec: Obj, ref: str) -> Obj:
+    """Two leader-electing replicas, as upstream's: on different nodes where the scheduler can,
+    so a node lost does not stop pool allocation for new nodes."""
+    obj = deployment(ctx, CONTROLLER, spec,
+                     [container(CONTROLLER, ref, spec, command=["/ipam-controller"],
+                                args=["--leader-elect=true",
+                                      f"--ippools-namespace={ctx.namespace}"])],
+                     service_account_name=CONTROLLER, selector={"name": CONTROLLER},
+                     pod_labels={"component": CONTROLLER, "app": "nv-ipam"})
+    obj["spec"]["replicas"] = 2
+    obj["spec"]["template"]["spec"].setdefault("affinity", {})["podAntiAffinity"] = {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 100, "podAffinityTerm": {
+                "labelSelector": {"matchLabels": {"name": CONTROLLER}},
+                "topologyKey": "kubernetes.io/hostname"}}]}
+    return obj
 
 
 STATE = State("state-nv-ipam-cni", ("nvIpam",), "NVIPAMReady", render)
