@@ -43,6 +43,7 @@ from nicop.kube.client import ApiClient, ApiError, Unreachable
 from nicop.kube.resources import (
     CIDRPOOL,
     DAEMONSET,
+    DEPLOYMENT,
     IPPOOL,
     LEASE,
     NETWORK_ATTACHMENT_DEFINITION,
@@ -72,6 +73,8 @@ OPERATOR_APP_NAMES = ("network-operator", "nicop")
 # NFD's per-node feature objects (NFD v0.14 on): the PCI devices it found, with their vendor.
 NODE_FEATURE = Kind("nfd.k8s-sigs.io", "v1alpha1", "NodeFeature", "nodefeatures")
 NODE_FEATURE_NODE_LABEL = "nfd.node.kubernetes.io/node-name"
+NIC_NODE_POLICY = Kind("mellanox.com", "v1alpha1", "NicNodePolicy", "nicnodepolicies",
+                       namespaced=False)
 MELLANOX_VENDOR = "15b3"
 # Device resources of other NVIDIA products (the GPU operator's): no sign of a NIC.
 NON_NIC_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-", "nvidia.com/vgpu", "nvidia.com/pgpu")
@@ -95,11 +98,13 @@ async def _list(client: ApiClient, kind: Kind, namespace: str | None, errors: li
     return items
 
 
-async def collect(client: ApiClient, namespace: str, *, nads: bool = False) -> Snapshot:
+async def collect(client: ApiClient, namespace: str, *, nads: bool = False,
+                  graph: bool = False) -> Snapshot:
     """Read everything status and diagnose look at, concurrently, into a snapshot of dicts.
 
     Pods are read across all namespaces (without finished ones): "in use" is the sum of what
-    every running pod on a node requests, whoever owns it.
+    every running pod on a node requests, whoever owns it. `graph` adds what only the picture
+    of `--graph` shows: the policies' Deployments and the NicNodePolicies.
     """
     errors: list[str] = []
     lease: Obj | None
@@ -123,6 +128,9 @@ async def collect(client: ApiClient, namespace: str, *, nads: bool = False) -> S
     ]
     if nads:
         reads.append(_list(client, NETWORK_ATTACHMENT_DEFINITION, None, errors))
+    if graph:
+        reads.append(_list(client, DEPLOYMENT, namespace, errors, label_selector=STATE_LABEL))
+        reads.append(_list(client, NIC_NODE_POLICY, None, errors))
     results = await asyncio.gather(*reads)
     snap: Snapshot = {
         "collectedAt": stamp(),
@@ -138,8 +146,12 @@ async def collect(client: ApiClient, namespace: str, *, nads: bool = False) -> S
         "nodeFeatures": results[7],
         "errors": errors,
     }
+    extra = iter(results[8:])
     if nads:
-        snap["nads"] = results[8]
+        snap["nads"] = next(extra)
+    if graph:
+        snap["deployments"] = next(extra)
+        snap["nodePolicies"] = next(extra)
     return snap
 
 

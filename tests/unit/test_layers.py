@@ -21,6 +21,7 @@ ALLOWED = {
     "cni": {"node", "api", "kube"},
     "operator": {"api", "kube"},
     "status": {"api", "kube"},
+    "status_graph": {"api", "kube", "status"},
     "diagnose": {"api", "kube", "status"},
     "bundle": {"api", "kube", "status", "diagnose", "nicop"},
     "sim": {"api", "kube", "node", "cni"},

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from nicop.cli.common import Kubeconfig, KubeContext, app, console, fail, fail_plain
+from nicop.cli.common import Kubeconfig, KubeContext, app, console, err, fail, fail_plain
 
 OutputFormat = Annotated[
     str, typer.Option("--output", "-o",
@@ -34,12 +35,31 @@ def _print_data(data: object, output: str) -> None:
         print(yaml.safe_dump(data, sort_keys=False), end="")
 
 
-@app.command("status")
+STATUS_EXAMPLES = """\
+Examples:
+
+  # Everything nicop runs, node by node
+  nicop status
+  # The same, and a picture of the control loop (policy, components, DaemonSets, nodes)
+  nicop status --graph loop.svg
+  # The picture as Graphviz dot, to lay out with `dot -Tpng loop.dot -o loop.png`
+  nicop status --graph loop.dot
+"""
+
+
+@app.command("status", epilog=STATUS_EXAMPLES)
 def status(
     output: OutputFormat = "table",
     watch: Annotated[
         bool, typer.Option("--watch", "-w", help="Keep refreshing the tables.")
     ] = False,
+    graph: Annotated[
+        Path | None,
+        typer.Option("--graph", metavar="FILE",
+                     help="Also write a picture of the control loop (policies, components, "
+                     "their DaemonSets and Deployments, nodes; coloured by readiness) to FILE: "
+                     ".svg for SVG, .dot or .gv for Graphviz dot."),
+    ] = None,
     interval: Annotated[
         float, typer.Option(min=0.5, help="Seconds between refreshes with --watch.")
     ] = 2.0,
@@ -50,19 +70,35 @@ def status(
     """Operator and leader, policy components, every node's driver, resources and VFs, IPAM
     pools and driver upgrade progress (-o json follows docs/status-schema.json)."""
     from nicop import status as status_module
+    from nicop import status_graph
 
     if output not in OUTPUTS:
         raise fail(f"--output must be table, wide, json or yaml, not {output!r}")
     if watch and output not in ("table", "wide"):
         raise fail("--watch refreshes the tables; for scripts, run -o json repeatedly")
+    if graph is not None:
+        if watch:
+            raise fail("--graph writes one picture; leave out --watch")
+        try:
+            status_graph.format_of(graph)
+        except status_graph.UnknownFormat as e:
+            raise fail_plain(str(e)) from None
 
     def read() -> dict[str, object]:
         try:
             snap = status_module.read_cluster(
-                kubeconfig, lambda client: status_module.collect(client, namespace), context)
+                kubeconfig, lambda client: status_module.collect(
+                    client, namespace, graph=graph is not None), context)
         except status_module.ClusterReadError as e:
             raise fail_plain(str(e)) from None
-        return status_module.summarize(snap)
+        summary = status_module.summarize(snap)
+        if graph is not None:
+            try:
+                status_graph.write(status_graph.build(snap, summary), graph)
+            except OSError as e:
+                raise fail_plain(f"cannot write the graph to {graph}: {e}") from None
+            err.print(f"wrote the control loop to {graph}", markup=False, highlight=False)
+        return summary
 
     if not watch:
         summary = read()

@@ -19,6 +19,8 @@ Examples:
   kubectl nicop status
   # The same as JSON for scripts (docs/status-schema.json), from another context
   kubectl nicop status -o json --context prod
+  # A picture of the control loop, coloured by readiness (.svg, or .dot for Graphviz)
+  kubectl nicop status --graph loop.svg
   # The troubleshooting checklist of the cluster; exits 1 when a check fails
   kubectl nicop diagnose
   # Why a node or a pod has no RDMA
