@@ -20,7 +20,7 @@ from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.resources import NIC_CLUSTER_POLICY as NCP
 from nicop.kube.resources import NODE, Obj, Resource, key_of
-from nicop.operator import writes
+from nicop.operator import metrics, writes
 from nicop.operator.state_sync import (
     Applied,
     StateSync,
@@ -114,6 +114,7 @@ class NodePolicyController:
     async def reconcile(self, key: str) -> Result | None:
         policies = sorted(self.policies.store.items(), key=lambda p: p["metadata"]["name"])
         await self._delete_orphans({p["metadata"]["name"] for p in policies})
+        metrics.keep_policies(NNP.kind, (p["metadata"]["name"] for p in policies))
         nodes = self.nodes.store.items()
         managed = [n for n in nodes if is_managed(n)]
         unmanaged = [r for n in nodes if (r := unmanaged_reason(n))]

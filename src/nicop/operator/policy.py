@@ -33,6 +33,7 @@ from nicop.kube.resources import (
     POD,
     Obj,
 )
+from nicop.operator import metrics
 from nicop.operator import nodes as node_rules
 from nicop.operator.node_policy import NNP, common_node, conflict_message, nnp_driver_nodes
 from nicop.operator.state_sync import StateSync, build_status, condition, write_status
@@ -83,6 +84,7 @@ class PolicyController:
     async def reconcile(self, key: str) -> Result | None:
         policy = self.policies.store.get(key)
         if policy is None:
+            metrics.forget_policy(NCP.kind, key)
             if key == POLICY_NAME:
                 await self._sync_node_labels(None)
             return None
@@ -98,7 +100,9 @@ class PolicyController:
                       managed_nodes=[n for n in all_nodes if is_managed(n)],
                       opt_in_used=any(OPT_IN_LABEL in labels_of(n) for n in all_nodes),
                       **self.context)
-        unmanaged = [r for n in all_nodes if (r := unmanaged_reason(n))]
+        reasons = [(n, r) for n in all_nodes if (r := unmanaged_reason(n))]
+        unmanaged = [r for _, r in reasons]
+        metrics.unmanaged_nic_nodes(n for n, _ in reasons)
         # Labels first: the device plugins' DaemonSets are judged on the nodes they select now.
         label_errors = await self._sync_node_labels(policy)
         # Each state on its own: a write the API server refuses fails that state only.

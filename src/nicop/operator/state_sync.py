@@ -46,7 +46,7 @@ from nicop.kube.resources import (
 )
 from nicop.kube.scheduling import daemon_pod_filter
 from nicop.kube.times import stamp
-from nicop.operator import writes
+from nicop.operator import metrics, writes
 from nicop.operator.states.base import Context, RenderError, State, content_hash
 from nicop.operator.states.partial import PartialState
 from nicop.operator.writes import WriteFailed
@@ -319,6 +319,7 @@ async def write_status(client: ApiClient, policies: Informer, kind: Resource,
                        recorder: EventRecorder, policy: Obj, status: Obj) -> None:
     """Write a policy's status when it changed (transition times kept), with an Event when
     its state changes."""
+    metrics.policy_status(kind.kind, policy["metadata"]["name"], status)
     old = policy.get("status") or {}
     old_conditions = {c["type"]: c for c in old.get("conditions") or []}
     for c in status.get("conditions", []):

@@ -22,6 +22,7 @@ from prometheus_client import Counter
 
 from nicop import logs
 from nicop.api.labels import DRIVER_LABEL, OWNER_LABEL, POLICY_NAME, SAFE_LOAD_ANNOTATION
+from nicop.api.nodes import labels_of
 from nicop.api.upgrade import (
     CORDON,
     DONE,
@@ -50,6 +51,7 @@ from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.resources import CONTROLLER_REVISION, NODE, POD, Obj
 from nicop.kube.resources import NIC_CLUSTER_POLICY as NCP
 from nicop.kube.times import parse, stamp, utcnow
+from nicop.operator import metrics
 
 log = logging.getLogger(__name__)
 
@@ -238,6 +240,8 @@ class UpgradeController:
         upgrade = ((policy or {}).get("spec", {}).get("ofedDriver") or {}).get("upgradePolicy")
         if not upgrade or not upgrade.get("autoUpgrade"):
             await self._clean_up()
+            metrics.upgrade_states(labels_of(n).get(STATE_LABEL, "")
+                                   for n in self.nodes.store.items())
             return None
         plan = Plan(upgrade)
         # Nodes are independent until new ones are let in, so they move concurrently: a large
@@ -259,6 +263,9 @@ class UpgradeController:
         if moved:
             views = self._views()  # the moves are in the cache: start new ones from there
         moved |= await self._start_new(views, plan)
+        # From the views: a node moved now is counted in its new state by the next reconcile,
+        # which a move always brings.
+        metrics.upgrade_states(v.state for v in views)
         active = moved or any(v.state not in ("", DONE) for v in views)
         return Result(requeue_after=ACTIVE_RECHECK) if active else None
 
