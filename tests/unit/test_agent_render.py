@@ -76,7 +76,7 @@ def test_nicop_driver_keeps_upstreams_daemonset_and_runs_the_agent() -> None:
     assert pod_of(mine)["volumes"] == pod_of(theirs)["volumes"]
     agent = pod_of(mine)["containers"][0]
     assert agent["image"] == "reg/nicop:1.2"
-    assert agent["command"] == ["nicop", "driver", "run", "--safe-load"]
+    assert agent["command"] == ["nicop", "driver", "run", "--safe-load", "--metrics-port=9530"]
     assert agent["volumeMounts"] == pod_of(theirs)["containers"][0]["volumeMounts"]
     assert {"name": "NVIDIA_NIC_DRIVER_VER", "value": "25.10-1.2.8.0"} in agent["env"]
     assert agent["startupProbe"]["exec"]["command"] == ["nicop", "driver", "probe", "startup"]
@@ -92,8 +92,8 @@ def test_nicop_driver_needs_the_driver_version() -> None:
 
 
 @pytest.mark.parametrize(("state", "section", "command"), [
-    (rdma_dp, "rdmaSharedDevicePlugin", ["nicop", "rdma-device-plugin"]),
-    (sriov_dp, "sriovDevicePlugin", ["nicop", "sriov-device-plugin"]),
+    (rdma_dp, "rdmaSharedDevicePlugin", ["nicop", "rdma-device-plugin", "--metrics-port=9531"]),
+    (sriov_dp, "sriovDevicePlugin", ["nicop", "sriov-device-plugin", "--metrics-port=9532"]),
 ])
 def test_nicop_device_plugins_read_upstreams_config_where_upstream_does(
         state: Any, section: str, command: list[str]) -> None:
@@ -123,7 +123,7 @@ def test_sriov_daemons_follow_the_operator_configs_node_selector() -> None:
     assert pod_of(daemon)["nodeSelector"] == {"kubernetes.io/os": "linux",
                                               "node-role.kubernetes.io/worker": ""}
     assert pod_of(daemon)["containers"][0]["command"] == [
-        "nicop", "sriov-config-daemon", "--host-root", "/host"]
+        "nicop", "sriov-config-daemon", "--host-root", "/host", "--metrics-port=9533"]
     assert pod_of(daemon)["volumes"] == [{"name": "host", "hostPath": {"path": "/"}}]
     config["spec"]["configDaemonNodeSelector"] = {"sriov": "yes"}
     plugin = daemonsets(sriov_daemons.render_device_plugin(ctx(), config))[0]

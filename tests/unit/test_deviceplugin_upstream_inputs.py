@@ -373,7 +373,7 @@ def test_nicop_agents_get_upstreams_arguments() -> None:
         return ds["spec"]["template"]["spec"]["containers"][0]  # type: ignore[no-any-return]
 
     rdma_c = container(rdma_dp.render(ctx, spec, "spec.rdmaSharedDevicePlugin"))
-    assert rdma_c["command"] == ["nicop", "rdma-device-plugin"]
+    assert rdma_c["command"] == ["nicop", "rdma-device-plugin", "--metrics-port=9531"]
     assert rdma_c["args"] == ["--use-cdi"]
     sriov_c = container(sriov_dp.render(ctx, {**spec, "config": json.dumps(
         {"resourceList": UPSTREAM_CONFIGMAP})}, "spec.sriovDevicePlugin"))

@@ -27,9 +27,23 @@ READY_FILE_ENV = "NICOP_READY_FILE"
 READY_FILE = "/run/nicop-agent/ready"
 READY_PROBE = ["nicop", "probe-ready"]
 
-# Who the agent is (the downward API), so it can record Events on its own pod.
+# Who the agent is (the downward API), so it can record Events on its own pod; its IP is the
+# address it serves /metrics on (a hostNetwork pod's IP is its node's).
+POD_IP_ENV = "POD_IP"
 POD_ENV = {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace",
-           "POD_UID": "metadata.uid"}
+           "POD_UID": "metadata.uid", POD_IP_ENV: "status.podIP"}
+
+# Each agent serves Prometheus /metrics on a port its container declares by this name; the
+# ports differ per component because every agent of a node shares the node's network.
+METRICS_PORT_NAME = "metrics"
+METRICS_PORTS = {
+    "driver": 9530,
+    "rdma-device-plugin": 9531,
+    "sriov-device-plugin": 9532,  # NicClusterPolicy's sriovDevicePlugin
+    "sriov-config-daemon": 9533,
+    "cni-daemon": 9534,
+    "sriov-operator-device-plugin": 9535,  # the SR-IOV policies' device plugin DaemonSet
+}
 
 
 def is_nicop_image(ref: str) -> bool:

@@ -16,6 +16,7 @@ from nicop.cli.common import (
     HostRoot,
     Kubeconfig,
     LogFormat,
+    MetricsPort,
     SimRoot,
     app,
     console,
@@ -105,6 +106,7 @@ def rdma_device_plugin(
     log_max_size: LogMaxSize = 100,
     log_max_files: LogMaxFiles = 5,
     use_cdi: UseCdi = False,
+    metrics_port: MetricsPort = 0,
 ) -> None:
     """Share each NIC's RDMA devices with pods (drop-in for k8s-rdma-shared-dev-plugin)."""
     from nicop.node.deviceplugin.config import ConfigError
@@ -122,7 +124,8 @@ def rdma_device_plugin(
     agent = RdmaAgent(config, host, host.path(device_plugin_dir), poll_interval,
                       config_path=real, reporter=Reporter.from_env(), use_cdi=use_cdi)
     run_agent(agent.run, log_format, _level(log_level),
-              lambda: _log_file(log_dir, "rdma-shared-dp", log_max_size, log_max_files))
+              lambda: _log_file(log_dir, "rdma-shared-dp", log_max_size, log_max_files),
+              metrics_port)
 
 
 @app.command("sriov-device-plugin")
@@ -143,6 +146,7 @@ def sriov_device_plugin(
     log_max_files: LogMaxFiles = 5,
     log_max_age: LogMaxAge = 30,
     use_cdi: UseCdi = False,
+    metrics_port: MetricsPort = 0,
 ) -> None:
     """Give pods SR-IOV VFs and scalable functions (drop-in for sriov-network-device-plugin);
     picks up new VFs and config changes without a restart."""
@@ -166,7 +170,7 @@ def sriov_device_plugin(
     except ConfigError as e:  # named as the container sees it
         raise fail_plain(str(e).replace(str(real), str(config_file))) from None
     run_agent(agent.run, log_format, _level(log_level),
-              lambda: _log_file(log_dir, "sriovdp", log_max_size, log_max_files))
+              lambda: _log_file(log_dir, "sriovdp", log_max_size, log_max_files), metrics_port)
 
 
 @app.command("sriov-config-daemon")
@@ -196,6 +200,7 @@ def sriov_config_daemon(
     pf_recorder: PfRecorder = None,
     sim_root: SimRoot = None,
     log_format: LogFormat = "text",
+    metrics_port: MetricsPort = 0,
 ) -> None:
     """Configure this node's SR-IOV PFs and VFs as its SriovNetworkNodeState asks (drop-in for
     sriov-network-config-daemon); reports Failed with the PF and the step instead of retrying
@@ -236,7 +241,7 @@ def sriov_config_daemon(
         finally:
             await client.close()
 
-    run_agent(main, log_format)
+    run_agent(main, log_format, metrics_port=metrics_port)
 
 
 # --- CNI plugins: the node daemon and the installer of the plugin executables -----------------
@@ -285,7 +290,10 @@ def cni_daemon(
         int, typer.Option(min=1, help="Checks a pod must be missing before its address is "
                           "freed.")
     ] = 3,
-    health_port: Annotated[int, typer.Option(help="Port of /healthz, /metrics; 0: off.")] = 0,
+    health_port: Annotated[int, typer.Option(
+        "--metrics-port", "--health-port", min=0,
+        help="Serve Prometheus /metrics (and /healthz, /readyz) on this port of the pod's IP "
+        "($POD_IP, else every address); 0: off.")] = 0,
     log_format: LogFormat = "text",
 ) -> None:
     """Serve the sriov, ib-sriov, host-device and nv-ipam CNI plugins of this node."""

@@ -41,6 +41,13 @@ StateDir = Annotated[
         help="Directory holding the cluster's certificates, data, logs and kubeconfig.",
     ),
 ]
+MetricsPort = Annotated[
+    int,
+    typer.Option("--metrics-port", min=0,
+                 help="Serve Prometheus /metrics (and /healthz, /readyz) on this port of the "
+                 "pod's IP ($POD_IP, else every address); 0: off. The operator's DaemonSets "
+                 "pass the port their container declares as `metrics`."),
+]
 HostRoot = Annotated[
     Path,
     typer.Option(
@@ -77,12 +84,13 @@ def in_container(path: Path) -> Path:
 
 
 def run_agent(main: object, log_format: str, log_level: str = "info",
-              after_log_setup: Callable[[], None] | None = None) -> None:
+              after_log_setup: Callable[[], None] | None = None, metrics_port: int = 0) -> None:
     """Run an agent's `main(stop)` until SIGTERM; exit 1 with the reason if it must give up.
-    `after_log_setup` adds to the logging (a log file) once it is set up."""
+    `after_log_setup` adds to the logging (a log file) once it is set up; with `metrics_port`
+    the agent serves /metrics there."""
     from nicop.node import agent
 
     reason = agent.run_process(main, log_format, log_level,  # type: ignore[arg-type]
-                               after_log_setup)
+                               after_log_setup, metrics_port)
     if reason:
         raise fail_plain(reason)

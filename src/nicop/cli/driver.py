@@ -7,7 +7,16 @@ from typing import Annotated
 
 import typer
 
-from nicop.cli.common import HostRoot, LogFormat, SimRoot, app, fail, fail_plain, in_container
+from nicop.cli.common import (
+    HostRoot,
+    LogFormat,
+    MetricsPort,
+    SimRoot,
+    app,
+    fail,
+    fail_plain,
+    in_container,
+)
 
 driver_app = typer.Typer(
     no_args_is_help=True,
@@ -83,6 +92,7 @@ def driver_run(
     ] = 0.0,
     sim_root: SimRoot = None,
     log_format: LogFormat = "text",
+    metrics_port: MetricsPort = 0,
 ) -> None:
     """Install and load the driver version, validate it, write the readiness file; on SIGTERM
     remove it (and restore the inbox driver with RESTORE_DRIVER_ON_POD_TERMINATION=true)."""
@@ -95,6 +105,7 @@ def driver_run(
     from nicop.node import driver
     from nicop.node.driver_backends import DriverBackend, HostBackend
     from nicop.node.host import Host
+    from nicop.node.metrics import serve_metrics
 
     logs.setup("info", log_format)
     annotation = SAFE_LOAD_ANNOTATION
@@ -131,6 +142,7 @@ def driver_run(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        metrics = await serve_metrics(metrics_port)
         client = None
         if cfg.safe_load:
             from nicop.kube.client import ApiClient
@@ -143,6 +155,8 @@ def driver_run(
         finally:
             if client is not None:
                 await client.close()
+            if metrics is not None:
+                metrics.close()
 
     try:
         asyncio.run(main())

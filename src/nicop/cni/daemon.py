@@ -48,8 +48,8 @@ from nicop.cni.vf import NetlinkVfControl, RecordingVfControl, VfControl
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.manager import Manager
 from nicop.kube.resources import NODE
-from nicop.kube.serve import serve
 from nicop.node.host import Host
+from nicop.node.metrics import serve_metrics
 from nicop.node.readiness import Readiness
 
 log = logging.getLogger(__name__)
@@ -59,8 +59,8 @@ MAGIC = b"CNI1"
 
 REQUESTS = Counter("nicop_cni_requests_total", "CNI calls by plugin, command and result",
                    ["plugin", "command", "result"])
-SECONDS = Histogram("nicop_cni_request_seconds", "CNI call duration in the daemon",
-                    ["plugin", "command"],
+SECONDS = Histogram("nicop_cni_request_seconds", "CNI call duration in the daemon, by plugin, "
+                    "command and result (ok or error)", ["plugin", "command", "result"],
                     buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30))
 
 
@@ -83,6 +83,7 @@ class DaemonOptions:
     cleaner_interval: float = 60.0
     cleaner_checks: int = 3
     health_port: int = 0
+    """Port of /metrics, /healthz and /readyz on the pod's IP (nicop.node.metrics); 0: off."""
     workers: int = 32
 
 
@@ -168,8 +169,9 @@ class CniDaemon:
             err = CniError(Code.INTERNAL, f"{plugin} {command}: {type(e).__name__}: {e}")
             out, rc, result = err.to_json(version), 1, "error 999"
         elapsed = time.perf_counter() - start
-        REQUESTS.labels(plugin, command, "ok" if rc == 0 else "error").inc()
-        SECONDS.labels(plugin, command).observe(elapsed)
+        outcome = "ok" if rc == 0 else "error"
+        REQUESTS.labels(plugin, command, outcome).inc()
+        SECONDS.labels(plugin, command, outcome).observe(elapsed)
         log.info("%s %s %s/%s: %s in %.1f ms", plugin, command, env.get("CNI_CONTAINERID", "-"),
                  env.get("CNI_IFNAME", "-"), result if rc == 0 else json.dumps(out),
                  elapsed * 1000)
@@ -235,9 +237,8 @@ class CniDaemon:
                 tasks.append(asyncio.create_task(self.manager.run()))
             await self.start()
             marker = asyncio.create_task(self._ready_when_synced(readiness))
-            if self.options.health_port:
-                health = await serve("0.0.0.0", self.options.health_port,
-                                     ready=lambda: self.server is not None)
+            health = await serve_metrics(self.options.health_port,
+                                         ready=lambda: self.server is not None)
             if self.cleaner is not None:
                 tasks.append(asyncio.create_task(self.cleaner.run(stop)))
             if self.client is not None:
@@ -284,6 +285,7 @@ class CniDaemon:
         last = None
         while not stop.is_set():
             usage = await asyncio.to_thread(self.ipam.usage)
+            self.ipam.update_metrics(usage)  # pool sizes change as the node's blocks arrive
             text = json.dumps(usage, sort_keys=True, separators=(",", ":"))
             if text != last:
                 try:

@@ -338,8 +338,9 @@ class Ipam:
             out.setdefault(pool.key, {"allocated": 0, "size": 0})["size"] = pool.size()
         return out
 
-    def update_metrics(self) -> None:
-        for name, u in self.usage().items():
+    def update_metrics(self, usage: dict[str, dict[str, int]] | None = None) -> None:
+        """The nicop_ipam_* gauges from `usage` (computed when not given)."""
+        for name, u in (self.usage() if usage is None else usage).items():
             ALLOCATED.labels(name).set(u["allocated"])
             POOL_SIZE.labels(name).set(u["size"])
 

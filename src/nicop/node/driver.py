@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import Gauge, Histogram
+
 from nicop.api.labels import DRIVER_READY_FILE, SAFE_LOAD_ANNOTATION
 from nicop.kube.client import ApiClient
 from nicop.kube.resources import NODE
@@ -40,6 +42,14 @@ from nicop.node.host import Host
 from nicop.node.kernel import Module, loaded_modules, loaded_version, version_matches
 
 log = logging.getLogger("nicop.driver")
+
+_MODULE_SECONDS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+DRIVER_INFO = Gauge("nicop_driver_info", "1 for the driver version loaded on this node "
+                    "(`inbox` for the kernel's own mlx5_core)", ["version"])
+LOAD_SECONDS = Histogram("nicop_driver_load_seconds",
+                         "Duration of loading the driver's modules", buckets=_MODULE_SECONDS)
+UNLOAD_SECONDS = Histogram("nicop_driver_unload_seconds",
+                           "Duration of unloading the driver's modules", buckets=_MODULE_SECONDS)
 
 READY_FILE = DRIVER_READY_FILE
 # Host /etc is mounted at /host/etc in the driver container.
@@ -442,6 +452,15 @@ class DriverAgent:
     def _warn(self, msg: str, *args: object) -> None:
         log.warning(msg, *args, extra=self._log_extra)
 
+    def _report_version(self) -> None:
+        """nicop_driver_info for what the kernel runs now."""
+        DRIVER_INFO.clear()
+        version = loaded_version(self.host)
+        if version is not None:
+            DRIVER_INFO.labels(version).set(1)
+        elif "mlx5_core" in loaded_modules(self.host):
+            DRIVER_INFO.labels("inbox").set(1)
+
     async def run(self, stop: asyncio.Event) -> None:
         """Converge, mark ready, hold until `stop`; then unmark and restore if asked.
 
@@ -449,6 +468,7 @@ class DriverAgent:
         the kubelet restarts it, as with upstream).
         """
         self.ready.unset("starting")
+        self._report_version()
         work = asyncio.create_task(self.converge(stop))
         stopper = asyncio.create_task(stop.wait())
         try:
@@ -465,6 +485,7 @@ class DriverAgent:
             with contextlib.suppress(Stopped):
                 version = work.result() if not work.cancelled() else None
                 if version is not None and not stop.is_set():
+                    self._report_version()
                     self.ready.set(version)
                     await stop.wait()
         finally:
@@ -549,6 +570,7 @@ class DriverAgent:
         if order:
             self._info("unloading %d modules: %s", len(order), " ".join(order))
         unloaded: list[str] = []
+        started = time.monotonic()
         for module in order:
             self._info("unloading %s", module)
             try:
@@ -557,11 +579,15 @@ class DriverAgent:
                 self._rollback(unloaded, inbox=was_inbox)
                 raise DriverError(f"cannot unload {module}: {e}") from None
             unloaded.append(module)
+        if order:
+            UNLOAD_SECONDS.observe(time.monotonic() - started)
         self._write_udev_rules()
+        started = time.monotonic()
         for module in LOAD_MODULES:
             self._info("loading %s", module)
             self._load(module)
         self._reload_others(unloaded)
+        LOAD_SECONDS.observe(time.monotonic() - started)
 
     def _reload_others(self, unloaded: list[str]) -> None:
         """Storage modules come back from the new driver; other vendors' drivers stay out."""
@@ -652,6 +678,7 @@ class DriverAgent:
         except DriverError as e:
             log.error("restore failed: %s", e, extra=self._log_extra)
             return
+        self._report_version()
         for problem in problems:
             self._warn("restore: %s", problem)
         self._info("inbox driver restored%s", "" if not problems else " with missing devices")

@@ -25,6 +25,9 @@ number of times and then reports `Failed` with a `lastSyncError` that names the 
 or resource busy"), goes back to `Idle`, and tries again after a while or at once when the spec
 changes. Every pass compares the spec with what the host shows, so applying the same spec again
 changes nothing and a daemon killed half-way finishes the job when it starts again.
+
+What it publishes in the status is also in its metrics: `nicop_sriov_sync_status{status}`,
+`nicop_sriov_vfs{pf}` and the duration of the last apply, `nicop_sriov_last_apply_seconds`.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from prometheus_client import Gauge
 
 from nicop import logs
 from nicop.api.labels import (
@@ -67,6 +72,24 @@ OPERATOR_CONFIG = SRIOV_OPERATOR_CONFIG
 IN_PROGRESS = "InProgress"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
+
+SYNC_STATUS = Gauge("nicop_sriov_sync_status",
+                    "1 for the node state's current syncStatus, 0 for the others", ["status"])
+LAST_APPLY_SECONDS = Gauge("nicop_sriov_last_apply_seconds",
+                           "Duration of the last apply of the node state's spec to the host "
+                           "(all its attempts, without the drain)")
+VFS = Gauge("nicop_sriov_vfs", "VFs configured on each PF of this node, by interface name",
+            ["pf"])
+
+
+def report_metrics(interfaces: list[Obj], sync_status: str) -> None:
+    """The status the daemon publishes, as its metrics."""
+    for status in (SUCCEEDED, IN_PROGRESS, FAILED):
+        SYNC_STATUS.labels(status).set(1 if status == sync_status else 0)
+    VFS.clear()  # PFs that went away go with it
+    for iface in interfaces:
+        VFS.labels(iface.get("name") or iface.get("pciAddress") or "").set(
+            int(iface.get("numVfs") or 0))
 
 PCI_DEVICES = "/sys/bus/pci/devices"
 PCI_DRIVERS = "/sys/bus/pci/drivers"
@@ -605,7 +628,9 @@ class SriovConfigDaemon:
             problem = await self._drain(REBOOT_REQUIRED if work.reboot else DRAIN_REQUIRED)
             if problem:
                 return await self._fail(key, problem)
+        started = time.monotonic()
         error = await self._apply(key)
+        LAST_APPLY_SECONDS.set(time.monotonic() - started)
         if error:
             return await self._fail(key, error)
         if self._rebooting == key:
@@ -718,6 +743,7 @@ class SriovConfigDaemon:
                        generation: int | None = None) -> None:
         """The status, and the condition `Ready` for the spec generation the host was compared
         with (so the operator knows when a spec it wrote has been applied)."""
+        report_metrics(interfaces, sync_status)
         state = self._state()
         if state is None:
             return

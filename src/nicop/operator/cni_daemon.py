@@ -16,7 +16,7 @@ import logging
 from collections.abc import Iterable
 
 from nicop import logs
-from nicop.api.agents import CNI_PLUGINS, own_image
+from nicop.api.agents import CNI_PLUGINS, METRICS_PORTS, own_image
 from nicop.api.labels import MOFED_WAIT_LABEL
 from nicop.kube.client import ApiClient
 from nicop.kube.manager import Controller, Manager, Result
@@ -88,7 +88,7 @@ def render(ctx: Context, plugins: list[str]) -> list[Obj]:
     ds = daemonset(
         ctx, NAME, {},
         [agent_container(ctx, "cni-daemon", {}, ["cni-daemon", "--socket", SOCKET],
-                         mounts=mounts, env=env)],
+                         mounts=mounts, env=env, metrics_port=METRICS_PORTS["cni-daemon"])],
         app=NAME, volumes=volumes, service_account_name=NAME, managed_only=False,
         tolerations=[{"operator": "Exists"}], init_containers=[install],
     )

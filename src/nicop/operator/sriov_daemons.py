@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 
 from nicop import logs
-from nicop.api.agents import own_image
+from nicop.api.agents import METRICS_PORTS, own_image
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.conditions import with_condition
 from nicop.kube.manager import Controller, Manager, Result
@@ -84,7 +84,8 @@ def render_config_daemon(ctx: Context, config: Obj) -> list[Obj]:
     ds = daemonset(
         ctx, CONFIG_DAEMON, {},
         [agent_container(ctx, CONFIG_DAEMON, {}, ["sriov-config-daemon", "--host-root", "/host"],
-                         mounts=[mount], env=env)],
+                         mounts=[mount], env=env,
+                         metrics_port=METRICS_PORTS["sriov-config-daemon"])],
         app=CONFIG_DAEMON, node_selector=node_selector(config), volumes=[volume],
         service_account_name=CONFIG_DAEMON, managed_only=False, tolerations=TOLERATE_ALL,
         labels={"component": "network", "type": "infra"},
@@ -117,7 +118,8 @@ def render_device_plugin(ctx: Context, config: Obj) -> list[Obj]:
         ctx, DEVICE_PLUGIN, {},
         ["sriov-device-plugin", "--config-file=/etc/pcidp/$(NODE_NAME)",
          f"--resource-prefix={resource_prefix()}"],
-        mounts=mounts, env=[NODE_NAME_ENV])
+        mounts=mounts, env=[NODE_NAME_ENV],
+        metrics_port=METRICS_PORTS["sriov-operator-device-plugin"])
     ds = daemonset(ctx, DEVICE_PLUGIN, {}, [plugin], app=DEVICE_PLUGIN, volumes=volumes,
                    service_account_name=DEVICE_PLUGIN, managed_only=False,
                    tolerations=TOLERATE_ALL)

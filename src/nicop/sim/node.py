@@ -8,6 +8,14 @@ pods of nicop's image (`nicop.sim.pods`). Agents it starts are told that their k
 simulated one through the environment (`NICOP_SIM_ROOT`, `NICOP_DRIVER_BACKEND`,
 `NICOP_PF_RECORDER`, `NICOP_HOST_NETNS`), never through their pod spec, which stays the one a
 real node would run.
+
+Every simulated node shares this machine's network, yet a real node's hostNetwork agents each
+have their node's address: a scrape of `<pod IP>:<port>` reaches that node's agent, and every
+node's agents use the same ports. So each node stand-in gives its node an address of its own on
+loopback (all of 127.0.0.0/8 reaches `lo` on Linux, nothing to configure), `node_address`, and
+reports it as the hostIP and podIP of the pods it runs, which is also what their downward API
+says; agents listen on their pod's IP (nicop.node.metrics). The Node object keeps the InternalIP
+kwok gives every node (kwok serves the kubelet API of all of them on one address).
 """
 
 from __future__ import annotations
@@ -49,6 +57,14 @@ def seed_of(node_name: str) -> int:
     """Varies MACs and GUIDs between nodes: node-3 gets 3."""
     tail = node_name.rsplit("-", 1)[-1]
     return int(tail) if tail.isdigit() else zlib.crc32(node_name.encode()) & 0xFF
+
+
+def node_address(node_name: str) -> str:
+    """The simulated node's own loopback address, the same at every start: 127.a.b.c from a
+    hash of its name (outside 127.0.0.0/16, where the control plane listens). Two names that
+    hash alike would share an address; their agents would then report the port in use."""
+    h = zlib.crc32(node_name.encode())
+    return f"127.{1 + h % 254}.{(h >> 8) & 0xFF}.{1 + (h >> 16) % 254}"
 
 
 def build_tree(root: Path, profile: hardware.Profile, seed: int) -> None:
@@ -103,6 +119,7 @@ async def run(options: NodeOptions, stop: asyncio.Event) -> None:
             client, options.node_name, options.root, options.pods_dir,
             server=config.cluster.server, ca_data=_ca_data(config),
             crash_backoff=options.crash_backoff, extra_env=sim_env(options),
+            host_ip=node_address(options.node_name),
         )
         log.info("node %s (%s) stands in on %s", options.node_name, profile.name, options.root)
         parts = [runner.run(stop, node)]

@@ -16,6 +16,8 @@ two never write one pod. What a kubelet does, this does too:
   netlink are told which ($NICOP_HOST_NETNS), while every process keeps this machine's loopback,
   where the API server listens;
 - exec and httpGet probes (startup, readiness, liveness) with the kubelet's timing rules;
+- the node's address as the pods' hostIP and podIP: one of its own on loopback
+  (nicop.sim.node.node_address), so hostNetwork agents of different nodes can use one port;
 - exits and restarts per restartPolicy, with the kubelet's back-off (CrashLoopBackOff),
   `restartCount` and the last state's exit code and termination message;
 - on deletion: SIGTERM, the grace period, SIGKILL, then the pod object goes.
@@ -360,8 +362,8 @@ class Container:
             if isinstance(port, str) and not port.isdigit():  # a named port of the container
                 port = next((p["containerPort"] for p in self.spec.get("ports") or []
                              if p.get("name") == port), port)
-            url = (f"{get.get('scheme', 'HTTP').lower()}://{get.get('host') or '127.0.0.1'}:"
-                   f"{port}{get.get('path', '/')}")
+            host = get.get("host") or self.worker.pod_ip()  # the kubelet's default: the pod IP
+            url = (f"{get.get('scheme', 'HTTP').lower()}://{host}:{port}{get.get('path', '/')}")
             return await asyncio.to_thread(_http_probe, url, timeout)
         return False, "only exec and httpGet probes are run on simulated nodes"
 
@@ -634,7 +636,9 @@ class PodRunner:
 
     def __init__(self, client: ApiClient, node_name: str, node_root: Path, pods_dir: Path,
                  server: str, ca_data: str, *, crash_backoff: float = 10.0,
-                 extra_env: dict[str, str] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None, host_ip: str | None = None) -> None:
+        """`host_ip` is the node's address its pods report (hostIP, podIP); without it, the
+        Node's InternalIP."""
         self.client = client
         self.node_name = node_name
         self.node_root = node_root
@@ -643,7 +647,8 @@ class PodRunner:
         self.ca_data = ca_data
         self.crash_backoff = crash_backoff
         self.extra_env = extra_env or {}
-        self.host_ip = "127.0.0.1"
+        self.host_ip = host_ip or "127.0.0.1"
+        self._own_ip = host_ip is not None
         self.recorder = EventRecorder(client, component="kubelet")
         self.pods = Informer(client, POD, field_selector=f"spec.nodeName={node_name}")
         self.pods.on_change(self._pod_changed)
@@ -794,8 +799,9 @@ class PodRunner:
 
     # ------------------------------------------------------------------ the loop
     async def run(self, stop: asyncio.Event, node: Obj) -> None:
-        self.host_ip = next((a["address"] for a in (node.get("status") or {}).get(
-            "addresses") or [] if a.get("type") == "InternalIP"), self.host_ip)
+        if not self._own_ip:
+            self.host_ip = next((a["address"] for a in (node.get("status") or {}).get(
+                "addresses") or [] if a.get("type") == "InternalIP"), self.host_ip)
         watcher = asyncio.create_task(self.pods.run())
         try:
             await stop.wait()

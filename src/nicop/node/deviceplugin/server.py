@@ -7,6 +7,7 @@ ListAndWatch stream it lost; upstream plugins notice the first after up to 5 s a
 second (their users' top complaint: resources drop to 0 after a kubelet restart). Each server here
 checks every `poll_interval` that its socket is still there, that kubelet.sock is the one it
 registered with, and that the kubelet is watching, and serves and registers again otherwise.
+Each server keeps its resource's metrics (nicop.node.deviceplugin.metrics) current.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from grpc import aio
 
 from nicop.node.deviceplugin import api_pb2 as pb
 from nicop.node.deviceplugin import api_pb2_grpc as pb_grpc
+from nicop.node.deviceplugin import metrics
 from nicop.node.readiness import Readiness
 
 log = logging.getLogger(__name__)
@@ -97,7 +100,10 @@ class DevicePluginServer:
         self._socket_id: tuple[int, int] | None = None
         self._kubelet_id: tuple[int, int] | None = None
         self._registered_at: float | None = None
+        self._handed_out: set[str] = set()  # device IDs Allocate gave (releases are not told)
         self._waiting = False  # for a kubelet that does not answer; logged once
+        metrics.REGISTERED.labels(resource_name).set(0)
+        metrics.REGISTRATIONS.labels(resource_name)  # a series at 0 before the first one
         if len(str(self.socket_path)) > MAX_SOCKET_PATH:
             raise ValueError(
                 f"socket path {self.socket_path} is {len(str(self.socket_path))} bytes, more "
@@ -109,6 +115,14 @@ class DevicePluginServer:
     def registered(self) -> bool:
         return self._registered_at is not None
 
+    def _set_registered(self, at: float | None) -> None:
+        self._registered_at = at
+        metrics.REGISTERED.labels(self.resource_name).set(0 if at is None else 1)
+
+    def _count_allocated(self) -> None:
+        ids = {d.id for d in self._devices}
+        metrics.ALLOCATED.labels(self.resource_name).set(len(self._handed_out & ids))
+
     def update(self, devices: Iterable[Device]) -> bool:
         """Set the device list; ListAndWatch streams send it when it differs. True if changed."""
         new = tuple(sorted(devices, key=lambda d: d.id))
@@ -118,6 +132,9 @@ class DevicePluginServer:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
         healthy = sum(d.healthy for d in new)
+        metrics.DEVICES.labels(self.resource_name).set(len(new))
+        metrics.HEALTHY.labels(self.resource_name).set(healthy)
+        self._count_allocated()
         log.info("%s: %d devices, %d healthy", self.resource_name, len(new), healthy,
                  extra={"resource": self.resource_name})
         return True
@@ -131,6 +148,7 @@ class DevicePluginServer:
                 await self.check()
                 await asyncio.sleep(self.poll_interval)
         finally:
+            self._set_registered(None)
             await self._close()
 
     async def check(self) -> None:
@@ -141,18 +159,18 @@ class DevicePluginServer:
                         extra={"resource": self.resource_name})
             await self._close()
             await self._listen()
-            self._registered_at = None
+            self._set_registered(None)
         kubelet = _identity(self.kubelet_socket)
         if kubelet is None or kubelet != self._kubelet_id:
-            self._registered_at = None
+            self._set_registered(None)
         now = asyncio.get_running_loop().time()
         if self._registered_at is not None and self._streams == 0 \
                 and now - self._registered_at > STREAM_GRACE:
             log.warning("%s: the kubelet is not watching the device list; registering again",
                         self.resource_name, extra={"resource": self.resource_name})
-            self._registered_at = None
+            self._set_registered(None)
         if self._registered_at is None and kubelet is not None and await self._register():
-            self._registered_at = now
+            self._set_registered(now)
             self._kubelet_id = kubelet
 
     async def _listen(self) -> None:
@@ -198,6 +216,7 @@ class DevicePluginServer:
             ) from None
         log.info("%s: registered with the kubelet", self.resource_name,
                  extra={"resource": self.resource_name})
+        metrics.REGISTRATIONS.labels(self.resource_name).inc()
         self._waiting = False
         return True
 
@@ -229,19 +248,27 @@ class DevicePluginServer:
         return response
 
     async def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
+        start = time.perf_counter()
         response = pb.AllocateResponse()
         known = {d.id for d in self._devices}
-        for req in request.container_requests:
-            unknown = [i for i in req.devices_ids if i not in known]
-            try:
-                if unknown:
-                    raise AllocationError(f"unknown device(s) {', '.join(unknown)}")
-                response.container_responses.append(self.allocate(list(req.devices_ids)))
-            except AllocationError as e:
-                log.error("%s: allocate %s failed: %s", self.resource_name,
-                          ",".join(req.devices_ids), e, extra={"resource": self.resource_name})
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                    f"{self.resource_name}: {e}")
+        try:
+            for req in request.container_requests:
+                unknown = [i for i in req.devices_ids if i not in known]
+                try:
+                    if unknown:
+                        raise AllocationError(f"unknown device(s) {', '.join(unknown)}")
+                    response.container_responses.append(self.allocate(list(req.devices_ids)))
+                except AllocationError as e:
+                    log.error("%s: allocate %s failed: %s", self.resource_name,
+                              ",".join(req.devices_ids), e,
+                              extra={"resource": self.resource_name})
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                        f"{self.resource_name}: {e}")
+                self._handed_out.update(req.devices_ids)
+        finally:
+            metrics.ALLOCATE_SECONDS.labels(self.resource_name).observe(
+                time.perf_counter() - start)
+            self._count_allocated()
         return response
 
     async def PreStartContainer(
@@ -289,6 +316,7 @@ class ServerSet:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        metrics.forget(resource_name)
 
     async def stop_all(self) -> None:
         for name in list(self._tasks):

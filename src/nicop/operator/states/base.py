@@ -14,7 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nicop.api.agents import POD_ENV, READY_FILE, READY_FILE_ENV, READY_PROBE, own_image
+from nicop.api.agents import (
+    METRICS_PORT_NAME,
+    POD_ENV,
+    READY_FILE,
+    READY_FILE_ENV,
+    READY_PROBE,
+    own_image,
+)
 from nicop.api.labels import (
     CONFIG_HASH_ANNOTATION,
     MOFED_WAIT_LABEL,
@@ -242,13 +249,20 @@ def agent_container(
     mounts: list[Obj] | None = None,
     env: list[Obj] | None = None,
     ready_probe: bool = True,
+    metrics_port: int | None = None,
     **extra: Any,
 ) -> Obj:
     """A privileged container running `nicop <command>` from the operator's own image.
 
     Its readiness probe asks the agent (`nicop probe-ready`), a crash shows the end of its log
     in the container's last state (FallbackToLogsOnError), and it knows its pod (POD_ENV).
+    With `metrics_port` it declares the port `metrics` and the agent serves /metrics there, on
+    the pod's IP (what a PodMonitor scrapes).
     """
+    if metrics_port is not None:
+        command = [*command, f"--metrics-port={metrics_port}"]
+        extra.setdefault("ports", [{"name": METRICS_PORT_NAME, "containerPort": metrics_port,
+                                    "protocol": "TCP"}])
     env = list(env or [])
     given = {e["name"] for e in env}
     env += [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}}

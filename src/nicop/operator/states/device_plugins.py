@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nicop.api.agents import uses_nicop
+from nicop.api.agents import METRICS_PORTS, uses_nicop
 from nicop.api.labels import OWNER_LABEL
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
@@ -74,7 +74,8 @@ def device_plugin(
     if uses_nicop(spec):
         # Upstream's arguments (--use-cdi, --log-dir, ...): nicop's agents take them alike.
         extra: dict[str, Any] = {"args": args} if args else {}
-        plugin = agent_container(ctx, container_name, spec, [agent], mounts=mounts, **extra)
+        plugin = agent_container(ctx, container_name, spec, [agent], mounts=mounts,
+                                 metrics_port=METRICS_PORTS[agent], **extra)
         if account is None:
             account = name
             objects.append(service_account(ctx, name))

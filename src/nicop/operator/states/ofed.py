@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
-from nicop.api.agents import uses_nicop
+from nicop.api.agents import METRICS_PORTS, uses_nicop
 from nicop.api.labels import (
     ARCH_LABEL,
     DRIVER_CONTAINER,
@@ -280,6 +280,7 @@ def driver_container(ctx: Context, spec: Obj, path: str, mounts: list[Obj],
             ctx, DRIVER_CONTAINER, spec,
             ["driver", "run", *(["--safe-load"] if safe_load else [])],
             mounts=mounts, env=driver_env(spec, True), ready_probe=False,
+            metrics_port=METRICS_PORTS["driver"],
             startupProbe=probe(spec, "startupProbe", ["nicop", "driver", "probe", "startup"]),
             livenessProbe=probe(spec, "livenessProbe", ["nicop", "driver", "probe", "liveness"]),
             readinessProbe=probe(spec, "readinessProbe",
