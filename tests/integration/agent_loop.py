@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 from lightkube import Client
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Node, Pod
+from prometheus_client.parser import text_string_to_metric_families
 
 from nicop.sim.cluster import Agent, LocalCluster
 
@@ -50,3 +52,28 @@ def delete(client: Client, kind: Any, name: str, namespace: str | None = None) -
     except ApiError as e:
         if e.status.code != 404:
             raise
+
+
+Metrics = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def metrics_address(pod: Pod) -> str:
+    """Where Prometheus' PodMonitor scrapes the pod's agent: its IP and its port `metrics`."""
+    ports = [p.containerPort for c in pod.spec.containers for p in c.ports or []
+             if p.name == "metrics"]
+    assert ports, f"pod {pod.metadata.name} declares no port named metrics"
+    ip = pod.status.podIP or pod.status.hostIP
+    assert ip, f"pod {pod.metadata.name} has no IP yet"
+    return f"{ip}:{ports[0]}"
+
+
+def scrape(pod: Pod) -> Metrics:
+    """Every sample of the pod's /metrics, by name and labels."""
+    with urllib.request.urlopen(f"http://{metrics_address(pod)}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
+    return metrics.get((name, frozenset(labels.items())))

@@ -25,8 +25,11 @@ from tests.integration.agent_loop import (
     agents,
     allocatable,
     delete,
+    metrics_address,
     pods,
     ready,
+    sample,
+    scrape,
     stand_ins,
     volume_dir,
 )
@@ -114,8 +117,8 @@ def test_every_component_runs_as_an_agent_process_started_by_its_daemonset(
     assert allocatable(client, IB_NODE, "nvidia.com/rdma") == 63
 
 
-def test_a_pod_requesting_the_resource_gets_its_devices(
-        client: Client, namespace: str, running: None) -> None:
+def run_rdma_workload(client: Client, namespace: str) -> dict[str, Any]:
+    """A pod asking for one nvidia.com/rdma, once running: what the kubelet gave it."""
     limits = {"nvidia.com/rdma": "1"}
     client.create(Pod(metadata=ObjectMeta(name="rdma-workload", namespace=namespace),
                       spec=PodSpec(containers=[Container(
@@ -127,9 +130,59 @@ def test_a_pod_requesting_the_resource_gets_its_devices(
         record = (pod.metadata.annotations or {}).get("nicop.io/devices")
         return json.loads(record) if record and pod.status.phase == "Running" else None
 
-    got = wait_for(devices, timeout=60, what="the workload pod's devices")["app"]
+    got: dict[str, Any] = wait_for(devices, timeout=60, what="the workload pod's devices")
+    return got
+
+
+def test_a_pod_requesting_the_resource_gets_its_devices(
+        client: Client, namespace: str, running: None) -> None:
+    got = run_rdma_workload(client, namespace)["app"]
     assert got["nvidia.com/rdma"]["devices"]
     assert all(d.startswith("/dev/infiniband/") for d in got["nvidia.com/rdma"]["devices"])
+
+
+def test_every_agent_serves_metrics_where_its_pod_says(
+        client: Client, namespace: str, running: None) -> None:
+    """After the workload got its device: a scrape of each agent pod's IP and declared port
+    `metrics` (what a PodMonitor does) reaches that node's agent, which shows its devices,
+    the device it handed out and the driver version it loaded."""
+    assert run_rdma_workload(client, namespace)["app"]["nvidia.com/rdma"]["devices"]
+    node_of_workload = client.get(Pod, "rdma-workload", namespace=namespace).spec.nodeName
+    addresses: dict[str, str] = {}
+    for ds in policy_daemonsets(client):
+        for pod in pods(client, NAMESPACE, ds.spec.selector.matchLabels):
+            address = metrics_address(pod)
+            assert addresses.setdefault(address, pod.metadata.name) == pod.metadata.name, \
+                f"{pod.metadata.name} and {addresses[address]} share {address}"
+            metrics = wait_for(lambda pod=pod: _scrape_or_none(pod), timeout=30,
+                               what=f"/metrics of {pod.metadata.name} at {address}")
+            node = pod.spec.nodeName
+            if ds.metadata.name.startswith("mofed-"):
+                assert sample(metrics, "nicop_driver_info", version=DRIVER) == 1, node
+                assert (sample(metrics, "nicop_driver_load_seconds_count") or 0) >= 1, node
+            elif ds.metadata.name == "rdma-shared-dp-ds":
+                resource = "nvidia.com/rdma"
+                if node == IB_NODE:  # the node whose HCAs the config selects
+                    for name in ("nicop_device_plugin_devices",
+                                 "nicop_device_plugin_devices_healthy"):
+                        assert sample(metrics, name, resource=resource) == 63, name
+                    assert sample(metrics, "nicop_device_plugin_registered",
+                                  resource=resource) == 1
+                    assert (sample(metrics, "nicop_device_plugin_registrations_total",
+                                   resource=resource) or 0) >= 1
+                if node == node_of_workload:
+                    assert (sample(metrics, "nicop_device_plugin_devices_allocated",
+                                   resource=resource) or 0) >= 1
+                    assert (sample(metrics, "nicop_device_plugin_allocate_seconds_count",
+                                   resource=resource) or 0) >= 1
+    assert len({a.split(":")[0] for a in addresses}) > 1  # each node its own address
+
+
+def _scrape_or_none(pod: Pod) -> dict[Any, float] | None:
+    try:
+        return scrape(pod)
+    except OSError:
+        return None
 
 
 def test_a_killed_agent_is_restarted_and_its_resource_is_back_within_5s(

@@ -20,7 +20,17 @@ from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Pod
-from tests.integration.agent_loop import agents, allocatable, delete, pods, ready, stand_ins
+from tests.integration.agent_loop import (
+    Metrics,
+    agents,
+    allocatable,
+    delete,
+    pods,
+    ready,
+    sample,
+    scrape,
+    stand_ins,
+)
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
 
 from nicop.sim.cluster import LocalCluster
@@ -39,6 +49,21 @@ OperatorConfig = create_namespaced_resource(GROUP, "v1", "SriovOperatorConfig",
 SriovNetwork = create_namespaced_resource(GROUP, "v1", "SriovNetwork", "sriovnetworks")
 IPPool = create_namespaced_resource("nv-ipam.nvidia.com", "v1alpha1", "IPPool", "ippools")
 DAEMONSETS = ("sriov-network-config-daemon", "sriov-device-plugin", "nicop-cni-daemon")
+
+
+def node_metrics(client: Client, app: str) -> Metrics:
+    """A scrape of the `app` agent of NODE at its pod's IP and declared port `metrics`."""
+    def once() -> Metrics | None:
+        for pod in pods(client, NAMESPACE, {"app": app}):
+            if pod.spec.nodeName == NODE and ready(pod):
+                try:
+                    return scrape(pod)
+                except OSError:
+                    return None
+        return None
+
+    metrics: Metrics = wait_for(once, timeout=60, what=f"/metrics of {app} on {NODE}")
+    return metrics
 
 
 def daemonsets(client: Client) -> set[str]:
@@ -88,6 +113,16 @@ def test_the_config_daemon_pod_creates_the_vfs_and_the_plugin_advertises_them(
     commands = {p.command for p in agents(cluster, NODE) if p.ppid in parent}
     assert {"sriov-config-daemon", "sriov-device-plugin"} <= commands, commands
 
+    daemon = node_metrics(client, "sriov-network-config-daemon")
+    assert sample(daemon, "nicop_sriov_sync_status", status="Succeeded") == 1
+    assert sample(daemon, "nicop_sriov_sync_status", status="Failed") == 0
+    assert sample(daemon, "nicop_sriov_vfs", pf="enp59s0f0np0") == VFS
+    assert (sample(daemon, "nicop_sriov_last_apply_seconds") or 0) > 0
+    plugin = node_metrics(client, "sriov-device-plugin")
+    resource = "nvidia.com/cx6dx_vf"
+    assert sample(plugin, "nicop_device_plugin_devices", resource=resource) == VFS
+    assert sample(plugin, "nicop_device_plugin_registered", resource=resource) == 1
+
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="pods' network namespaces need root; without "
                     "it the node stand-ins run no CNI (the rest of this module still runs)")
@@ -131,6 +166,17 @@ def test_a_pod_on_the_sriov_network_gets_a_vf_and_an_address(
         node_links = subprocess.run(["ip", "-n", cluster.netns_of(NODE), "-j", "link", "show"],
                                     capture_output=True, text=True, check=True).stdout
         assert netdev not in [link["ifname"] for link in json.loads(node_links)]
+
+        cni = node_metrics(client, "nicop-cni-daemon")
+        assert (sample(cni, "nicop_cni_requests_total", plugin="sriov", command="ADD",
+                       result="ok") or 0) >= 1
+        assert (sample(cni, "nicop_cni_request_seconds_count", plugin="sriov", command="ADD",
+                       result="ok") or 0) >= 1
+        assert (sample(cni, "nicop_ipam_allocated", pool="loop-pool") or 0) >= 1
+        assert (sample(cni, "nicop_ipam_pool_size", pool="loop-pool") or 0) >= 1
+        plugin = node_metrics(client, "sriov-device-plugin")
+        assert (sample(plugin, "nicop_device_plugin_devices_allocated",
+                       resource="nvidia.com/cx6dx_vf") or 0) >= 1
 
         delete(client, Pod, "vf-workload", namespace)
         wait_for(lambda: not os.path.exists(f"/run/netns/{netns}"), timeout=60,
