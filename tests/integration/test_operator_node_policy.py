@@ -20,6 +20,7 @@ from tests.integration.test_operator_policy import (
     policy_status,
 )
 
+from nicop.api.upgrade import IN_PROGRESS
 from nicop.operator.states.base import name_hash
 
 NicNodePolicy = create_global_resource(
@@ -29,6 +30,8 @@ GROUPS = {"node-1": GPU, "node-2": STORAGE, "node-3": STORAGE}
 KERNEL = "feature.node.kubernetes.io/kernel-version.full"
 OS_ID = "feature.node.kubernetes.io/system-os_release.ID"
 OS_VERSION = "feature.node.kubernetes.io/system-os_release.VERSION_ID"
+UPGRADE_STATE = "nvidia.com/ofed-driver-upgrade-state"
+NEW_DRIVER = "doca3.5.0-26.07-1.0.0.0-0"
 
 
 def apply_nnp(client: Client, body: dict[str, Any]) -> None:
@@ -52,6 +55,18 @@ def pod_nodes(client: Client, ds: str) -> set[str]:
     return {p.spec.nodeName for p in client.list(Pod, namespace=NAMESPACE)
             if any(r.kind == "DaemonSet" and r.name == ds
                    for r in p.metadata.ownerReferences or [])}
+
+
+def driver_pods(client: Client, daemonsets: set[str]) -> dict[str, Pod]:
+    """The pods of these DaemonSets by uid."""
+    return {p.metadata.uid: p for p in client.list(Pod, namespace=NAMESPACE)
+            if any(r.kind == "DaemonSet" and r.name in daemonsets
+                   for r in p.metadata.ownerReferences or [])}
+
+
+def upgrade_states(client: Client) -> dict[str, str | None]:
+    """The driver upgrade state of the nodes of the two groups."""
+    return {n: (client.get(Node, n).metadata.labels or {}).get(UPGRADE_STATE) for n in GROUPS}
 
 
 def driver_ds(client: Client, node: str, policy: str) -> str:
@@ -119,9 +134,27 @@ def test_node_groups_run_their_policys_components_and_conflicts_are_reported(
     assert {s["name"]: s["state"] for s in status["appliedStates"]} == {
         "state-OFED": "ready", "state-RDMA-device-plugin": "ready",
         "state-SRIOV-device-plugin": "ignore"}
-    # nicop does not upgrade a NicNodePolicy's driver pods, and says so where autoUpgrade is on.
-    ofed_condition = next(c for c in status["conditions"] if c["type"] == "OFEDDriverReady")
-    assert "is not acted on for a NicNodePolicy's driver pods" in ofed_condition["message"]
+    # Each pool upgrades by its own policy's upgradePolicy: a new version in gpu-nodes moves
+    # node-1 through the upgrade states to the new driver; the storage nodes' drivers stay.
+    wait_for(lambda: upgrade_states(client) == dict.fromkeys(GROUPS, "upgrade-done"), 60,
+             "every driver node upgrade-done")
+    storage_pods = driver_pods(client, storage_drivers)
+    bumped = example("nicnodepolicy-gpu-nodes.yaml")
+    bumped["spec"]["ofedDriver"]["version"] = NEW_DRIVER
+    seen: set[str] = set()
+
+    def upgraded() -> bool:
+        seen.add(upgrade_states(client)["node-1"] or "")
+        [pod] = driver_pods(client, {gpu_driver}).values()
+        return (f":{NEW_DRIVER}-" in pod.spec.containers[0].image
+                and upgrade_states(client)["node-1"] == "upgrade-done"
+                and not client.get(Node, "node-1").spec.unschedulable)
+
+    apply_nnp(client, bumped)
+    wait_for(upgraded, 180, "node-1 upgraded to the new driver")
+    assert seen & set(IN_PROGRESS), f"node-1 went through the upgrade states, saw {seen}"
+    assert driver_pods(client, storage_drivers) == storage_pods, "storage drivers untouched"
+    assert upgrade_states(client) == dict.fromkeys(GROUPS, "upgrade-done")
 
     # A third policy selecting every node overlaps both: all three are in error, unchanged.
     uids = {d.metadata.name: d.metadata.uid for d in daemonsets.values()}

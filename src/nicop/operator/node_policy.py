@@ -35,9 +35,6 @@ NNP = Resource("mellanox.com", "v1alpha1", "NicNodePolicy", "nicnodepolicies", n
 NNP_STATES: tuple[State, ...] = (ofed.STATE, rdma_dp.STATE, sriov_dp.STATE)
 KEY = "nicnodepolicies"  # one reconcile for all: overlaps and shared objects span policies
 NOT_READY_RECHECK = 30.0
-UPGRADE_GAP = ("ofedDriver.upgradePolicy.autoUpgrade is not acted on for a NicNodePolicy's "
-               "driver pods: nicop does not upgrade them; delete a node's driver pod to move it "
-               "to the new version")
 
 
 def selects(policy: Obj, node: Obj) -> bool:
@@ -149,11 +146,8 @@ class NodePolicyController:
                         f'node "{node}" that this policy selects too: not rendered from this '
                         "policy; keep the section in one of them")))
                     continue
-                a = await self.states.sync(state, ctx, unmanaged, NNP, section, co_owners)
-                if state is ofed.STATE and section and (section.get("upgradePolicy") or {}).get(
-                        "autoUpgrade") and a.state != "error":
-                    a.message = "; ".join(m for m in (a.message, UPGRADE_GAP) if m)
-                applied.append(a)
+                applied.append(await self.states.sync(state, ctx, unmanaged, NNP, section,
+                                                      co_owners))
             status = build_status(policy, NNP_STATES, applied, unmanaged, [])
             await self._write_status(policy, status)
             again |= status["state"] != "ready"

@@ -7,6 +7,10 @@ reads the cluster and moves each node at most one step, so a restarted operator 
 the labels say it was. New nodes start only while both `maxParallelUpgrades` and nicop's
 `maxUnavailable` (which counts nodes already unavailable for other reasons) leave room, counted
 as upstream counts them: a failed node keeps its slot until its driver recovers.
+
+Each driver pool upgrades by its own policy's `ofedDriver.upgradePolicy`: the NicClusterPolicy's
+nodes by it, each NicNodePolicy's nodes (its pods carry `ds-owner: nnp-<name>`) by that
+NicNodePolicy's, with slots counted within the pool.
 """
 
 from __future__ import annotations
@@ -21,7 +25,13 @@ from typing import Any
 from prometheus_client import Counter
 
 from nicop import logs
-from nicop.api.labels import DRIVER_LABEL, OWNER_LABEL, POLICY_NAME, SAFE_LOAD_ANNOTATION
+from nicop.api.labels import (
+    DRIVER_LABEL,
+    OWNER_LABEL,
+    OWNER_VALUE,
+    POLICY_NAME,
+    SAFE_LOAD_ANNOTATION,
+)
 from nicop.api.nodes import labels_of
 from nicop.api.upgrade import (
     CORDON,
@@ -52,6 +62,7 @@ from nicop.kube.resources import CONTROLLER_REVISION, NODE, POD, Obj
 from nicop.kube.resources import NIC_CLUSTER_POLICY as NCP
 from nicop.kube.times import parse, stamp, utcnow
 from nicop.operator import metrics
+from nicop.operator.node_policy import NNP, selects
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +114,7 @@ class NodeView:
     node: Obj
     pod: Obj | None  # None while the driver pod is being replaced
     in_sync: bool
+    pool: str = OWNER_VALUE  # whose driver pool: NicClusterPolicy or nnp-<name>
 
     @property
     def name(self) -> str:
@@ -204,6 +216,8 @@ class UpgradeController:
         self.client: ApiClient = manager.client
         self.recorder = recorder
         self.policies = manager.informer(NCP)
+        self.node_policies = manager.informer(NNP)
+        self._pools: dict[str, str] = {}  # node -> the pool its driver pod was last seen in
         self.nodes = manager.informer(NODE)
         self.driver_pods = manager.informer(POD, namespace, label_selector=DRIVER_LABEL)
         self.revisions = manager.informer(CONTROLLER_REVISION, namespace,
@@ -213,7 +227,7 @@ class UpgradeController:
         self.controller = manager.add(Controller("ofed-upgrade", self.reconcile))
         # A driver pod's change moves its node on at once (a rollout is a chain of them); with
         # settled nodes skipped, a reconcile costs little even on a big cluster.
-        for informer in (self.policies, self.driver_pods, self.revisions):
+        for informer in (self.policies, self.node_policies, self.driver_pods, self.revisions):
             informer.on_change(lambda ev, obj, old: self.controller.queue.add(self.KEY))
         self.nodes.on_change(self._node_changed)
         self.pods.on_change(self._pod_changed)
@@ -236,14 +250,16 @@ class UpgradeController:
 
     # ------------------------------------------------------------------ reconcile
     async def reconcile(self, key: str) -> Result | None:
-        policy = self.policies.store.get(POLICY_NAME)
-        upgrade = ((policy or {}).get("spec", {}).get("ofedDriver") or {}).get("upgradePolicy")
-        if not upgrade or not upgrade.get("autoUpgrade"):
-            await self._clean_up()
+        plans = self._plans()
+        views = self._views()
+        # A pool without automatic upgrades: drop its state labels, uncordon what nicop cordoned.
+        for view in views:
+            if view.pool not in plans and STATE_LABEL in view.labels:
+                await self._clean_up(view)
+        if not plans:
             metrics.upgrade_states(labels_of(n).get(STATE_LABEL, "")
                                    for n in self.nodes.store.items())
             return None
-        plan = Plan(upgrade)
         # Nodes are independent until new ones are let in, so they move concurrently: a large
         # rollout is bounded by API round trips, not by one node waiting for the next.
         limit = asyncio.Semaphore(STEP_CONCURRENCY)
@@ -254,20 +270,47 @@ class UpgradeController:
                     await self._patch(view, annotations={LEGACY_STATE_ANNOTATION: None})
                 if view.labels.get(SKIP_LABEL) == "true":
                     return False
-                return await self._step(view, plan)
+                return await self._step(view, plans[view.pool])
 
-        views = self._views()
         # A settled node (done, its pod current) has nothing to do: no task for it, so a
         # reconcile of a thousand settled nodes stays cheap.
-        moved = any(await asyncio.gather(*(step(v) for v in views if not v.settled)))
-        if moved:
-            views = self._views()  # the moves are in the cache: start new ones from there
-        moved |= await self._start_new(views, plan)
+        upgrading = [v for v in views if v.pool in plans]
+        moved = any(await asyncio.gather(*(step(v) for v in upgrading if not v.settled)))
+        if moved:  # the moves are in the cache: start new ones from there
+            upgrading = [v for v in self._views() if v.pool in plans]
+        for pool, plan in plans.items():
+            moved |= await self._start_new([v for v in upgrading if v.pool == pool], plan)
         # From the views: a node moved now is counted in its new state by the next reconcile,
         # which a move always brings.
         metrics.upgrade_states(v.state for v in views)
-        active = moved or any(v.state not in ("", DONE) for v in views)
+        active = moved or any(v.state not in ("", DONE) for v in upgrading)
         return Result(requeue_after=ACTIVE_RECHECK) if active else None
+
+    def _plans(self) -> dict[str, Plan]:
+        """The driver pools whose policy asks for automatic upgrades, by pool (ds-owner)."""
+        policies = [(OWNER_VALUE, self.policies.store.get(POLICY_NAME))] + [
+            (f"nnp-{p['metadata']['name']}", p) for p in self.node_policies.store.items()]
+        plans = {}
+        for owner, policy in policies:
+            upgrade = (((policy or {}).get("spec") or {}).get("ofedDriver") or {}).get(
+                "upgradePolicy")
+            if upgrade and upgrade.get("autoUpgrade"):
+                plans[owner] = Plan(upgrade)
+        return plans
+
+    def _pool_of(self, node: Obj) -> str:
+        """The pool of a node whose driver pod is being replaced: where its pod was last seen,
+        else the NicNodePolicy whose driver section selects it when the NicClusterPolicy has
+        none (with both, the NicClusterPolicy's driver is the one rendered there)."""
+        name = node["metadata"]["name"]
+        if name in self._pools:
+            return self._pools[name]
+        cluster = self.policies.store.get(POLICY_NAME)
+        if not ((cluster or {}).get("spec") or {}).get("ofedDriver"):
+            for policy in self.node_policies.store.items():
+                if (policy.get("spec") or {}).get("ofedDriver") and selects(policy, node):
+                    return f"nnp-{policy['metadata']['name']}"
+        return OWNER_VALUE
 
     def _views(self) -> list[NodeView]:
         current: dict[str, str] = {}  # DaemonSet uid -> hash of its newest revision
@@ -278,9 +321,7 @@ class UpgradeController:
                     newest[ref["uid"]] = rev.get("revision", 0)
                     current[ref["uid"]] = (rev["metadata"].get("labels") or {}).get(
                         "controller-revision-hash", "")
-        # A NicNodePolicy's driver pods are not upgraded by the cluster policy's upgradePolicy.
-        pods = {(p.get("spec") or {}).get("nodeName"): p for p in self.driver_pods.store.items()
-                if not (p["metadata"].get("labels") or {}).get(OWNER_LABEL, "").startswith("nnp-")}
+        pods = {(p.get("spec") or {}).get("nodeName"): p for p in self.driver_pods.store.items()}
         views = []
         for node in sorted(self.nodes.store.items(), key=lambda n: n["metadata"]["name"]):
             pod = pods.get(node["metadata"]["name"])
@@ -288,12 +329,16 @@ class UpgradeController:
             if pod is None and STATE_LABEL not in (node["metadata"].get("labels") or {}):
                 continue
             in_sync = False
-            if pod is not None:
+            if pod is None:
+                pool = self._pool_of(node)
+            else:
+                pool = (pod["metadata"].get("labels") or {}).get(OWNER_LABEL, OWNER_VALUE)
+                self._pools[node["metadata"]["name"]] = pool
                 owner = next((r["uid"] for r in pod["metadata"].get("ownerReferences") or []
                               if r.get("kind") == "DaemonSet"), None)
                 pod_hash = (pod["metadata"].get("labels") or {}).get("controller-revision-hash")
                 in_sync = owner is not None and pod_hash == current.get(owner)
-            views.append(NodeView(node, pod, in_sync))
+            views.append(NodeView(node, pod, in_sync, pool))
         return views
 
     async def _step(self, view: NodeView, plan: Plan) -> bool:
@@ -436,22 +481,18 @@ class UpgradeController:
         self.nodes.assume(updated)
         view.node = updated
 
-    async def _clean_up(self) -> None:
-        """Upgrades off: drop the state labels, and uncordon what nicop cordoned."""
-        for node in self.nodes.store.items():
-            labels = node["metadata"].get("labels") or {}
-            if STATE_LABEL not in labels:
-                continue
-            annotations = node["metadata"].get("annotations") or {}
-            view = NodeView(node, None, True)
-            spec = None
-            if (labels[STATE_LABEL] in (*IN_PROGRESS, FAILED)
-                    and annotations.get(INITIAL_UNSCHEDULABLE_ANNOTATION) != "true"):
-                spec = {"unschedulable": False}
-            await self._patch(view, labels={STATE_LABEL: None}, spec=spec, annotations={
-                k: None for k in (INITIAL_UNSCHEDULABLE_ANNOTATION, WAIT_START_ANNOTATION,
-                                  DRAIN_START_ANNOTATION, FAILURE_ANNOTATION)
-                if k in annotations})
+    async def _clean_up(self, view: NodeView) -> None:
+        """Upgrades off for the node's pool: drop its state label, uncordon it if nicop
+        cordoned it."""
+        annotations = view.annotations
+        spec = None
+        if (view.state in (*IN_PROGRESS, FAILED)
+                and annotations.get(INITIAL_UNSCHEDULABLE_ANNOTATION) != "true"):
+            spec = {"unschedulable": False}
+        await self._patch(view, labels={STATE_LABEL: None}, spec=spec, annotations={
+            k: None for k in (INITIAL_UNSCHEDULABLE_ANNOTATION, WAIT_START_ANNOTATION,
+                              DRAIN_START_ANNOTATION, FAILURE_ANNOTATION)
+            if k in annotations})
 
 
 def _upgrade_labels(node: Obj) -> tuple[str | None, str | None]:
