@@ -9,6 +9,7 @@ import contextlib
 import copy
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Namespace, Node
 from lightkube.resources.rbac_authorization_v1 import ClusterRole
+from tests.monitoring import exported_series, selected_metrics
 
 from nicop.kube.client import FIELD_MANAGER
 from nicop.operator import cni_daemon, sriov_daemons
@@ -761,3 +763,201 @@ def test_a_permission_the_operator_lacks_fails_only_the_component_that_needs_it(
         client.delete(ncp, "nic-cluster-policy")
         kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
                 stdin=yaml.safe_dump(role))
+
+
+# ------------------------------------------------------------------ monitoring
+
+MONITORING = ("monitoring.dashboards.enabled=true", "monitoring.serviceMonitor.enabled=true",
+              "monitoring.podMonitor.enabled=true", "monitoring.prometheusRule.enabled=true")
+MONITORING_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
+PROMETHEUS_OPERATOR_CRDS = ROOT / "tests" / "data" / "prometheus-operator-crds.yaml"
+# What Prometheus expands in an annotation; anything else left in one is a template mistake.
+PROMETHEUS_TEMPLATE = re.compile(r"\{\{ (\$labels\.\w+|\$value) \}\}")
+DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+
+
+@pytest.fixture(scope="module")
+def prometheus_operator_crds(kubectl: Kubectl) -> Iterator[None]:
+    """ServiceMonitor, PodMonitor and PrometheusRule served by the API server, from minimal
+    CRDs (tests/data/prometheus-operator-crds.yaml: upstream's kinds, names and the fields the
+    chart sets with their types and Duration pattern, every other field preserved unvalidated;
+    upstream's full CRDs are thousands of lines)."""
+    docs = [d for d in yaml.safe_load_all(PROMETHEUS_OPERATOR_CRDS.read_text()) if d]
+    names = [f"crd/{d['metadata']['name']}" for d in docs]
+    proc = kubectl("apply", "--server-side", "-f", str(PROMETHEUS_OPERATOR_CRDS))
+    assert proc.returncode == 0, proc.stderr
+    try:
+        proc = kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
+        assert proc.returncode == 0, proc.stderr
+        yield
+    finally:
+        kubectl("delete", "--ignore-not-found", "--wait=false", *names)
+
+
+def test_monitoring_is_off_by_default(helm: Path) -> None:
+    kinds = {d["kind"] for d in render(helm, "nicop", "nvidia-network-operator")}
+    assert not kinds & {*MONITORING_KINDS, "ConfigMap", "Service"}, kinds
+
+
+def test_monitoring_objects_are_accepted_by_the_api_server(
+    helm: Path, kubectl: Kubectl, namespace: str, prometheus_operator_crds: None
+) -> None:
+    values = (*MONITORING, "monitoring.serviceMonitor.labels.release=kube-prometheus-stack",
+              "monitoring.podMonitor.scrapeTimeout=10s",
+              "monitoring.prometheusRule.labels.team=net",
+              "monitoring.dashboards.annotations.grafana_folder=Networking")
+    proc = run_helm(helm, "lint", "--strict", str(CHART),
+                    *(a for v in values for a in ("--set", v)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    docs = render(helm, "nicop", namespace, *values)
+    monitoring = [d for d in docs if d["kind"] in (*MONITORING_KINDS, "ConfigMap", "Service")]
+    assert sorted(d["kind"] for d in monitoring) == [
+        "ConfigMap", "PodMonitor", "PrometheusRule", "Service", "ServiceMonitor"]
+    proc = kubectl.dry_run(docs)
+    assert proc.returncode == 0, proc.stderr
+    accepted = [line for line in proc.stdout.splitlines() if line.endswith("(server dry run)")]
+    assert len(accepted) == len(docs), proc.stdout
+
+
+def test_dashboard_config_map_is_what_grafanas_sidecar_loads(helm: Path) -> None:
+    board = (CHART / "dashboards" / "nicop.json").read_text()
+    cm = one(render(helm, "nicop", "nvidia-network-operator", *MONITORING), "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["namespace"] == "nvidia-network-operator"
+    assert json.loads(cm["data"]["nicop.json"]) == json.loads(board)
+    cm = one(render(helm, "nicop", "nvidia-network-operator", *MONITORING,
+                    "monitoring.dashboards.namespace=monitoring",
+                    "monitoring.dashboards.label=grafana_dashboard_nicop",
+                    "monitoring.dashboards.labelValue=yes"), "ConfigMap")
+    assert cm["metadata"]["namespace"] == "monitoring"
+    assert cm["metadata"]["labels"]["grafana_dashboard_nicop"] == "yes"
+    assert "grafana_dashboard" not in cm["metadata"]["labels"]
+
+
+def test_service_monitor_scrapes_the_operators_metrics_port(helm: Path) -> None:
+    """Turning on the ServiceMonitor alone brings the Service it needs; the Service selects the
+    operator's pod and the ServiceMonitor the Service, by the port named metrics."""
+    docs = render(helm, "nicop", "nvidia-network-operator",
+                  "monitoring.serviceMonitor.enabled=true",
+                  "monitoring.serviceMonitor.labels.release=prom")
+    monitor, service = one(docs, "ServiceMonitor"), one(docs, "Service")
+    pod = one(docs, "Deployment")["spec"]["template"]
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["nvidia-network-operator"]}
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"][
+        "labels"].items()
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    [endpoint] = monitor["spec"]["endpoints"]
+    [port] = service["spec"]["ports"]
+    assert endpoint["port"] == port["name"] == "metrics" and endpoint["path"] == "/metrics"
+    assert port["targetPort"] in [p["name"] for p in pod["spec"]["containers"][0]["ports"]]
+
+
+def kept_by(monitor: Doc, labels: dict[str, str]) -> bool:
+    """Whether the PodMonitor's keep relabelling keeps a pod with these labels, as Prometheus
+    joins the source labels (a labelpresent label is "true" or absent)."""
+    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+    for rule in endpoint["relabelings"]:
+        if rule["action"] != "keep":
+            continue
+        values = []
+        for source in rule["sourceLabels"]:
+            if source.startswith("__meta_kubernetes_pod_labelpresent_"):
+                present = any(re.sub(r"[^a-zA-Z0-9_]", "_", k) == source.removeprefix(
+                    "__meta_kubernetes_pod_labelpresent_") for k in labels)
+                values.append("true" if present else "")
+            else:
+                values.append(labels.get(source.removeprefix("__meta_kubernetes_pod_label_"), ""))
+        if not re.fullmatch(rule["regex"], rule.get("separator", ";").join(values)):
+            return False
+    selector = monitor["spec"]["selector"]
+    return all(e["key"] in labels for e in selector["matchExpressions"]
+               if e["operator"] == "Exists")
+
+
+def test_pod_monitor_scrapes_every_nicop_agent_and_labels_it_with_its_node(helm: Path) -> None:
+    """The agents are found by the labels the operator's states put on their pods (rendered
+    here by the states themselves, with a NicNodePolicy's RDMA plugin and a driver pool too),
+    every pod the states give a `metrics` port among them; the operator's own pod is left to
+    the ServiceMonitor."""
+    docs = render(helm, "nicop", "nvidia-network-operator", *MONITORING)
+    monitor = one(docs, "PodMonitor")
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == "metrics"
+    assert {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+            "targetLabel": "node"} in endpoint["relabelings"]
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["nvidia-network-operator"]}
+
+    node = {"metadata": {"name": "gpu-1", "labels": {
+        "feature.node.kubernetes.io/pci-15b3.present": "true",
+        "feature.node.kubernetes.io/system-os_release.ID": "ubuntu",
+        "feature.node.kubernetes.io/system-os_release.VERSION_ID": "22.04",
+        "feature.node.kubernetes.io/kernel-version.full": "5.15.0-91-generic"}}}
+    objects = rendered_by_states("nvidia-network-operator", [node])
+    nnp = {**full_policy(), "kind": "NicNodePolicy", "metadata": {"name": "gpu-a", "uid": "1"}}
+    rdma = next(s for s in STATES if s.name == "state-RDMA-device-plugin")
+    objects += rdma.render(Context(nnp, "nvidia-network-operator", managed_nodes=[node],
+                                   node_policy="gpu-a"),
+                           {**(rdma.section_of(nnp) or {}), "image": "nicop"}, rdma.path)
+    workloads = {(o["metadata"]["name"], o["spec"]["template"]["spec"]["containers"][0]["image"]):
+                 o["spec"]["template"] for o in objects if o["kind"] in ("DaemonSet", "Deployment")}
+    agents = {name: t for (name, image), t in workloads.items() if image.startswith("nicop:")}
+    wanted = {"rdma-shared-dp-ds", "network-operator-sriov-device-plugin", "sriov-device-plugin",
+              "sriov-network-config-daemon", "nicop-cni-daemon"}
+    assert wanted <= agents.keys(), sorted(agents)
+    drivers = [t for t in agents.values() if "nvidia.com/ofed-driver" in t["metadata"]["labels"]]
+    nnp_plugins = [t for n, t in agents.items() if n.startswith("rdma-shared-dp-ds-")]
+    assert drivers and nnp_plugins, sorted(agents)
+    for template in [*(agents[n] for n in wanted), *drivers, *nnp_plugins]:
+        assert kept_by(monitor, template["metadata"]["labels"]), template["metadata"]["labels"]
+    serving = [(name, t) for (name, _), t in workloads.items() if any(
+        p.get("name") == "metrics" for c in t["spec"]["containers"] for p in c.get("ports") or [])]
+    missed = [name for name, t in serving if not kept_by(monitor, t["metadata"]["labels"])]
+    assert not missed, f"pods with a metrics port the PodMonitor does not scrape: {missed}"
+    operator_pod = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert not kept_by(monitor, operator_pod)
+
+
+def alert_rules(docs: list[Doc]) -> list[Doc]:
+    return [r for g in one(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]]
+
+
+def test_alerts_parse_name_only_exported_metrics_and_say_what_to_run(helm: Path) -> None:
+    """Every expression is parsed by a PromQL parser and its metrics are read from the code
+    (promtool is not built here: its Go module pulls in every service discovery's SDK)."""
+    rules = alert_rules(render(helm, "nicop", "nvidia-network-operator", *MONITORING))
+    names = [r["alert"] for r in rules]
+    assert len(names) == len(set(names))
+    assert {"NicopPolicyNotReady", "NicopDriverUpgradeFailed", "NicopDriverUpgradeStuck",
+            "NicopUnmanagedNicNode", "NicopIpPoolNearlyFull",
+            "NicopDevicePluginNotRegistered"} <= set(names)
+    exported = exported_series()
+    for rule in rules:
+        where = rule["alert"]
+        unknown = selected_metrics(rule["expr"]) - exported
+        assert not unknown, f"{where} names series no nicop process exports: {sorted(unknown)}"
+        assert DURATION.match(rule.get("for", "0s")), where
+        assert rule["labels"]["severity"] in ("critical", "warning"), where
+        assert rule["annotations"].keys() == {"summary", "description"}, where
+        assert "nicop diagnose" in rule["annotations"]["description"], where
+        for text in rule["annotations"].values():
+            left = PROMETHEUS_TEMPLATE.sub("", text)
+            assert "{{" not in left and "}}" not in left, f"{where}: {text}"
+
+
+def test_alert_thresholds_follow_the_values(helm: Path) -> None:
+    rules = {r["alert"]: r for r in alert_rules(render(
+        helm, "nicop", "nvidia-network-operator", *MONITORING,
+        "monitoring.prometheusRule.policyNotReadyFor=5m",
+        "monitoring.prometheusRule.ipPoolUsagePercent=80",
+        "monitoring.prometheusRule.upgradeStuckFor=2h",
+        "monitoring.prometheusRule.criticalSeverity=page"))}
+    assert rules["NicopPolicyNotReady"]["for"] == "5m"
+    assert rules["NicopPolicyNotReady"]["labels"]["severity"] == "page"
+    assert rules["NicopIpPoolNearlyFull"]["expr"].rstrip().endswith("> 80")
+    assert "80 %" in rules["NicopIpPoolNearlyFull"]["annotations"]["description"]
+    assert "[2h]" in rules["NicopDriverUpgradeStuck"]["expr"]
+    proc = run_helm(helm, "template", "nicop", str(CHART), "--set",
+                    "monitoring.prometheusRule.enabled=true,"
+                    "monitoring.prometheusRule.ipPoolUsagePercent=0.9")
+    assert proc.returncode != 0 and "ipPoolUsagePercent" in proc.stderr
