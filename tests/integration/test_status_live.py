@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -110,3 +111,32 @@ def test_tables_for_people(kubeconfig: Path, policy: None) -> None:
     assert "nic-cluster-policy: ready" in text
     assert VERSION in text and "state-RDMA-device-plugin" in text
     assert "kubectl label node node-4 feature.node.kubernetes.io/pci-15b3.present=true" in text
+
+
+def test_graph_names_every_component_and_node_coloured_by_state(
+    kubeconfig: Path, client: Client, policy: None, tmp_path: Path
+) -> None:
+    picture = tmp_path / "loop.svg"
+    document = json.loads(status(kubeconfig, "-o", "json", "--graph", str(picture)))
+    svg = "{http://www.w3.org/2000/svg}"
+    boxes = {}
+    for g in ET.parse(picture).getroot().iter(f"{svg}g"):
+        if g.get("class") == "box":
+            boxes["".join(next(g.iter(f"{svg}text")).itertext())] = g.get("data-state")
+
+    components = by_name(document["policy"]["components"])
+    assert components and set(components) <= set(boxes)
+    for name, component in components.items():
+        assert boxes[name] == component["state"]
+    assert {n["name"] for n in document["nodes"]} <= set(boxes)
+    assert boxes["NicClusterPolicy nic-cluster-policy"] == "ready"
+    for node in ("node-1", "node-2", "node-3"):
+        assert boxes[node] == "ready"
+    assert boxes["node-4"] == "error"  # a ConnectX NIC without the label the policy selects by
+    owned = {"nvidia.network-operator.state": None}
+    workloads = [f"DaemonSet {d.metadata.name}"
+                 for d in client.list(DaemonSet, namespace=NAMESPACE, labels=owned)]
+    workloads += [f"Deployment {d.metadata.name}"
+                  for d in client.list(Deployment, namespace=NAMESPACE, labels=owned)]
+    assert any(w.startswith("Deployment ") for w in workloads)  # ib-kubernetes, nv-ipam
+    assert set(workloads) <= set(boxes)
