@@ -6,7 +6,6 @@ and a thread that watches every node and remembers the worst moment of the rollo
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import random
@@ -19,25 +18,21 @@ from typing import Any
 
 import pytest
 from lightkube import Client
-from lightkube.core.exceptions import ApiError
-from lightkube.generic_resource import create_global_resource
-from lightkube.models.apps_v1 import DeploymentSpec
-from lightkube.models.core_v1 import Container, PodSpec, PodTemplateSpec
-from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
-from lightkube.models.policy_v1 import PodDisruptionBudgetSpec
-from lightkube.resources.apps_v1 import Deployment
-from lightkube.resources.core_v1 import Namespace, Node, Pod
-from lightkube.resources.policy_v1 import PodDisruptionBudget
+from lightkube.resources.core_v1 import Node, Pod
+from tests.integration.driver_upgrades import (
+    NicClusterPolicy,
+    budget,
+    deployment,
+    driver_cluster,
+    states,
+    upgrade_operator,
+    wait_running,
+)
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
 
-from nicop.api.install import install_crds
-from nicop.sim.cluster import LocalCluster, running_cluster
+from nicop.sim.cluster import LocalCluster
 
 NODES = 30
-STATE = "nvidia.com/ofed-driver-upgrade-state"
-NicClusterPolicy = create_global_resource(
-    "mellanox.com", "v1alpha1", "NicClusterPolicy", "nicclusterpolicies"
-)
 POLICY: dict[str, Any] = {
     "apiVersion": "mellanox.com/v1alpha1", "kind": "NicClusterPolicy",
     "metadata": {"name": "nic-cluster-policy"},
@@ -55,50 +50,22 @@ NEW_VERSION = "doca3.5.0-26.07-1.0.0.0-0"
 
 
 @pytest.fixture(scope="module")
-def big(tmp_path_factory: pytest.TempPathFactory, controlplane_bin: Path) -> Iterator[LocalCluster]:
-    with running_cluster(tmp_path_factory.mktemp("upgrade-cluster"), controlplane_bin,
-                         nodes=NODES, profiles=["cx6dx", "dgx", "bf3"],
-                         node_agents=False) as cluster:  # upstream's images: kwok plays all
-        yield cluster
+def big(tmp_path_factory: pytest.TempPathFactory,
+        controlplane_bin: Path) -> Iterator[tuple[LocalCluster, Client]]:
+    with driver_cluster(tmp_path_factory.mktemp("upgrade-cluster"), controlplane_bin, NODES,
+                        ["cx6dx", "dgx", "bf3"]) as big:
+        yield big
 
 
 @pytest.fixture(scope="module")
-def bclient(big: LocalCluster) -> Client:
-    client: Client = big.client()
-    install_crds(client)
-    client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
-    client.create(Namespace(metadata=ObjectMeta(name="work")))
-    wait_for(lambda: _has_default_sa(client), 30, "default service account")
-    return client
-
-
-def _has_default_sa(client: Client) -> bool:
-    from lightkube.resources.core_v1 import ServiceAccount
-
-    try:
-        client.get(ServiceAccount, "default", namespace="work")
-    except ApiError:
-        return False
-    return True
+def bclient(big: tuple[LocalCluster, Client]) -> Client:
+    return big[1]
 
 
 @pytest.fixture
-def op(big: LocalCluster, bclient: Client, tmp_path: Path) -> Iterator[OperatorProcess]:
-    proc = OperatorProcess(big.kubeconfig, NAMESPACE, tmp_path / "operator.log")
-    proc.wait_ready()
-    yield proc
-    proc.stop()
-    with contextlib.suppress(ApiError):
-        bclient.delete(NicClusterPolicy, "nic-cluster-policy")
-    for d in bclient.list(Deployment, namespace="work"):
-        bclient.delete(Deployment, d.metadata.name, namespace="work")
-    for p in bclient.list(PodDisruptionBudget, namespace="work"):
-        bclient.delete(PodDisruptionBudget, p.metadata.name, namespace="work")
-    wait_for(lambda: not list(bclient.list(Pod, namespace=NAMESPACE)), 60, "driver pods gone")
-    for node in bclient.list(Node):
-        if node.spec.unschedulable or STATE in (node.metadata.labels or {}):
-            bclient.patch(Node, node.metadata.name, {"spec": {"unschedulable": None},
-                                                     "metadata": {"labels": {STATE: None}}})
+def op(big: tuple[LocalCluster, Client], tmp_path: Path) -> Iterator[OperatorProcess]:
+    with upgrade_operator(*big, tmp_path / "operator.log") as proc:
+        yield proc
 
 
 class Observer:
@@ -137,38 +104,13 @@ class Observer:
 def workloads(client: Client, pdb_blocks_one_node: bool = False) -> None:
     """40 training pods behind a PDB; or, with `pdb_blocks_one_node`, the training pods without
     a PDB (so only the planted one can hold a drain up) and one pod no PDB lets go."""
-    labels = {"app": "train"}
-    client.create(Deployment(
-        metadata=ObjectMeta(name="train", namespace="work"),
-        spec=DeploymentSpec(
-            replicas=40, selector=LabelSelector(matchLabels=labels),
-            template=PodTemplateSpec(metadata=ObjectMeta(labels=labels), spec=PodSpec(
-                containers=[Container(name="c", image="registry.local/train:1")])))))
+    train = deployment(client, "train", 40, "registry.local/train:1")
     if not pdb_blocks_one_node:
-        client.create(PodDisruptionBudget(
-            metadata=ObjectMeta(name="train", namespace="work"),
-            spec=PodDisruptionBudgetSpec(maxUnavailable=2,
-                                         selector=LabelSelector(matchLabels=labels))))
+        budget(client, "train", train, maxUnavailable=2)
     else:
-        stuck = {"app": "stuck"}
-        client.create(Deployment(
-            metadata=ObjectMeta(name="stuck", namespace="work"),
-            spec=DeploymentSpec(
-                replicas=1, selector=LabelSelector(matchLabels=stuck),
-                template=PodTemplateSpec(metadata=ObjectMeta(labels=stuck), spec=PodSpec(
-                    nodeSelector={"kubernetes.io/hostname": "node-7"},
-                    containers=[Container(name="c", image="registry.local/db:1")])))))
-        client.create(PodDisruptionBudget(
-            metadata=ObjectMeta(name="stuck", namespace="work"),
-            spec=PodDisruptionBudgetSpec(minAvailable=1,
-                                         selector=LabelSelector(matchLabels=stuck))))
-    wait_for(lambda: all(p.status.phase == "Running" for p in client.list(Pod, namespace="work"))
-             and len(list(client.list(Pod, namespace="work"))) == 40 + pdb_blocks_one_node,
-             60, "workloads running")
-
-
-def states(client: Client) -> dict[str, str | None]:
-    return {n.metadata.name: (n.metadata.labels or {}).get(STATE) for n in client.list(Node)}
+        budget(client, "stuck", deployment(client, "stuck", 1, "registry.local/db:1", "node-7"),
+               minAvailable=1)
+    wait_running(client, 40 + pdb_blocks_one_node)
 
 
 def start(client: Client, policy: dict[str, Any]) -> None:
@@ -346,7 +288,7 @@ def test_operator_sigkilled_at_random_moments_of_10_rollouts_upgrades_each_node_
 
 
 def test_etcd_paused_5s_mid_rollout_loses_and_repeats_no_transition(
-    bclient: Client, big: LocalCluster, op: OperatorProcess
+    bclient: Client, big: tuple[LocalCluster, Client], op: OperatorProcess
 ) -> None:
     """etcd stopped (SIGSTOP) for 5 s while nodes are being upgraded: the API server's answers
     wait, nothing is lost or done twice. The operator runs with the chart's 15 s lease, whose
@@ -361,7 +303,7 @@ def test_etcd_paused_5s_mid_rollout_loses_and_repeats_no_transition(
     bump(bclient, POLICY)
     wait_for(lambda: list(states(bclient).values()).count("upgrade-done") >= 6 and any(
         v in IN_PROGRESS for v in states(bclient).values()), 120, "the rollout under way")
-    etcd = big.state().processes["etcd"].pid
+    etcd = big[0].state().processes["etcd"].pid
     os.kill(etcd, signal.SIGSTOP)
     try:
         time.sleep(5)  # the fault itself: etcd answers nothing for 5 s

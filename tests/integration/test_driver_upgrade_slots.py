@@ -8,7 +8,6 @@ This module runs its own control plane with 10 nodes and its own operator.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,26 +15,22 @@ from typing import Any
 
 import pytest
 from lightkube import Client
-from lightkube.core.exceptions import ApiError
-from lightkube.generic_resource import create_global_resource
-from lightkube.models.apps_v1 import DeploymentSpec
-from lightkube.models.core_v1 import Container, PodSpec, PodTemplateSpec
-from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
-from lightkube.models.policy_v1 import PodDisruptionBudgetSpec
-from lightkube.resources.apps_v1 import Deployment
-from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
-from lightkube.resources.policy_v1 import PodDisruptionBudget
+from lightkube.resources.core_v1 import Node, Pod
+from tests.integration.driver_upgrades import (
+    NicClusterPolicy,
+    budget,
+    deployment,
+    driver_cluster,
+    states,
+    upgrade_operator,
+    wait_running,
+)
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
 
-from nicop.api.install import install_crds
-from nicop.sim.cluster import LocalCluster, running_cluster
+from nicop.sim.cluster import LocalCluster
 
 NODES = 10
 BLOCKED = "node-1"  # among the first three to start, so its failure happens mid-rollout
-STATE = "nvidia.com/ofed-driver-upgrade-state"
-NicClusterPolicy = create_global_resource(
-    "mellanox.com", "v1alpha1", "NicClusterPolicy", "nicclusterpolicies"
-)
 OLD, NEW = "doca3.5.0-26.07-0.7.0.0-0", "doca3.5.0-26.07-1.0.0.0-0"
 
 
@@ -56,40 +51,22 @@ def policy(version: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory,
-            controlplane_bin: Path) -> Iterator[LocalCluster]:
-    with running_cluster(tmp_path_factory.mktemp("slots-cluster"), controlplane_bin,
-                         nodes=NODES, profiles=["cx6dx"],
-                         node_agents=False) as cluster:  # upstream's images: kwok plays all
-        yield cluster
-
-
-@pytest.fixture(scope="module")
-def client(cluster: LocalCluster) -> Client:
-    c: Client = cluster.client()
-    install_crds(c)
-    c.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
-    c.create(Namespace(metadata=ObjectMeta(name="work")))
-    wait_for(lambda: _exists(c, ServiceAccount, "default", "work"), 30, "default SA")
-    return c
+def slots(tmp_path_factory: pytest.TempPathFactory,
+          controlplane_bin: Path) -> Iterator[tuple[LocalCluster, Client]]:
+    with driver_cluster(tmp_path_factory.mktemp("slots-cluster"), controlplane_bin, NODES,
+                        ["cx6dx"]) as slots:
+        yield slots
 
 
 @pytest.fixture
-def op(cluster: LocalCluster, client: Client, tmp_path: Path) -> Iterator[OperatorProcess]:
-    proc = OperatorProcess(cluster.kubeconfig, NAMESPACE, tmp_path / "operator.log")
-    proc.wait_ready()
-    yield proc
-    proc.stop()
-    with contextlib.suppress(ApiError):
-        client.delete(NicClusterPolicy, "nic-cluster-policy")
+def client(slots: tuple[LocalCluster, Client]) -> Client:
+    return slots[1]
 
 
-def _exists(client: Client, kind: Any, name: str, namespace: str) -> bool:
-    try:
-        client.get(kind, name, namespace=namespace)
-    except ApiError:
-        return False
-    return True
+@pytest.fixture
+def op(slots: tuple[LocalCluster, Client], tmp_path: Path) -> Iterator[OperatorProcess]:
+    with upgrade_operator(*slots, tmp_path / "operator.log") as proc:
+        yield proc
 
 
 class CordonSampler:
@@ -114,10 +91,6 @@ class CordonSampler:
         return self.samples
 
 
-def states(client: Client) -> dict[str, str | None]:
-    return {n.metadata.name: (n.metadata.labels or {}).get(STATE) for n in client.list(Node)}
-
-
 def driver_versions(client: Client) -> dict[str, str]:
     return {p.spec.nodeName: p.spec.containers[0].image
             for p in client.list(Pod, namespace=NAMESPACE) if p.spec.nodeName}
@@ -125,26 +98,10 @@ def driver_versions(client: Client) -> dict[str, str]:
 
 def workloads(client: Client) -> None:
     """Ten training pods no PDB protects, and one pod on BLOCKED that its PDB never lets go."""
-    train = {"app": "train"}
-    client.create(Deployment(
-        metadata=ObjectMeta(name="train", namespace="work"),
-        spec=DeploymentSpec(
-            replicas=10, selector=LabelSelector(matchLabels=train),
-            template=PodTemplateSpec(metadata=ObjectMeta(labels=train), spec=PodSpec(
-                containers=[Container(name="c", image="registry.local/train:1")])))))
-    stuck = {"app": "stuck"}
-    client.create(Deployment(
-        metadata=ObjectMeta(name="stuck", namespace="work"),
-        spec=DeploymentSpec(
-            replicas=1, selector=LabelSelector(matchLabels=stuck),
-            template=PodTemplateSpec(metadata=ObjectMeta(labels=stuck), spec=PodSpec(
-                nodeSelector={"kubernetes.io/hostname": BLOCKED},
-                containers=[Container(name="c", image="registry.local/db:1")])))))
-    client.create(PodDisruptionBudget(
-        metadata=ObjectMeta(name="stuck", namespace="work"),
-        spec=PodDisruptionBudgetSpec(minAvailable=1, selector=LabelSelector(matchLabels=stuck))))
-    wait_for(lambda: [p.status.phase for p in client.list(Pod, namespace="work")]
-             == ["Running"] * 11, 60, "workloads running")
+    deployment(client, "train", 10, "registry.local/train:1")
+    budget(client, "stuck", deployment(client, "stuck", 1, "registry.local/db:1", BLOCKED),
+           minAvailable=1)
+    wait_running(client, 11)
 
 
 def test_a_failed_node_keeps_its_slot_so_at_most_3_nodes_are_ever_cordoned(

@@ -1,0 +1,106 @@
+"""What the driver upgrade modules share: a cluster of their own whose nodes kwok plays (upstream's
+driver images), the operator with the clean-up that leaves every node uncordoned and unlabelled,
+and the workloads a drain has to move."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from lightkube import Client
+from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import create_global_resource
+from lightkube.models.apps_v1 import DeploymentSpec
+from lightkube.models.core_v1 import Container, PodSpec, PodTemplateSpec
+from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
+from lightkube.models.policy_v1 import PodDisruptionBudgetSpec
+from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
+from lightkube.resources.policy_v1 import PodDisruptionBudget
+from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
+
+from nicop.api.install import install_crds
+from nicop.sim.cluster import LocalCluster, running_cluster
+
+STATE = "nvidia.com/ofed-driver-upgrade-state"
+WORK = "work"
+NicClusterPolicy = create_global_resource(
+    "mellanox.com", "v1alpha1", "NicClusterPolicy", "nicclusterpolicies"
+)
+
+
+@contextlib.contextmanager
+def driver_cluster(path: Path, controlplane_bin: Path, nodes: int,
+                   profiles: list[str]) -> Iterator[tuple[LocalCluster, Client]]:
+    """A control plane with `nodes` nodes, the CRDs, the operator's namespace and `work`."""
+    with running_cluster(path, controlplane_bin, nodes=nodes, profiles=profiles,
+                         node_agents=False) as cluster:  # upstream's images: kwok plays all
+        client: Client = cluster.client()
+        install_crds(client)
+        client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
+        client.create(Namespace(metadata=ObjectMeta(name=WORK)))
+        wait_for(lambda: _exists(client, ServiceAccount, "default", WORK), 30,
+                 "the default service account of namespace work")
+        yield cluster, client
+
+
+@contextlib.contextmanager
+def upgrade_operator(cluster: LocalCluster, client: Client,
+                     log: Path) -> Iterator[OperatorProcess]:
+    """The operator; afterwards no policy, workload, driver pod, cordon or upgrade label is
+    left for the next test."""
+    proc = OperatorProcess(cluster.kubeconfig, NAMESPACE, log)
+    proc.wait_ready()
+    yield proc
+    proc.stop()
+    with contextlib.suppress(ApiError):
+        client.delete(NicClusterPolicy, "nic-cluster-policy")
+    for d in client.list(Deployment, namespace=WORK):
+        client.delete(Deployment, d.metadata.name, namespace=WORK)
+    for p in client.list(PodDisruptionBudget, namespace=WORK):
+        client.delete(PodDisruptionBudget, p.metadata.name, namespace=WORK)
+    wait_for(lambda: not list(client.list(Pod, namespace=NAMESPACE)), 60, "driver pods gone")
+    for node in client.list(Node):
+        if node.spec.unschedulable or STATE in (node.metadata.labels or {}):
+            client.patch(Node, node.metadata.name, {"spec": {"unschedulable": None},
+                                                    "metadata": {"labels": {STATE: None}}})
+
+
+def deployment(client: Client, name: str, replicas: int, image: str,
+               node: str | None = None) -> dict[str, str]:
+    """A Deployment of `replicas` pods in `work` (on `node` if given); its pods' labels."""
+    labels = {"app": name}
+    client.create(Deployment(
+        metadata=ObjectMeta(name=name, namespace=WORK),
+        spec=DeploymentSpec(
+            replicas=replicas, selector=LabelSelector(matchLabels=labels),
+            template=PodTemplateSpec(metadata=ObjectMeta(labels=labels), spec=PodSpec(
+                nodeSelector={"kubernetes.io/hostname": node} if node else None,
+                containers=[Container(name="c", image=image)])))))
+    return labels
+
+
+def budget(client: Client, name: str, labels: dict[str, str], **spec: int) -> None:
+    """A PodDisruptionBudget over `labels` (minAvailable=... or maxUnavailable=...)."""
+    client.create(PodDisruptionBudget(
+        metadata=ObjectMeta(name=name, namespace=WORK),
+        spec=PodDisruptionBudgetSpec(selector=LabelSelector(matchLabels=labels), **spec)))
+
+
+def wait_running(client: Client, count: int) -> None:
+    wait_for(lambda: [p.status.phase for p in client.list(Pod, namespace=WORK)]
+             == ["Running"] * count, 60, f"{count} workload pods running")
+
+
+def states(client: Client) -> dict[str, str | None]:
+    """Each node's driver upgrade state label."""
+    return {n.metadata.name: (n.metadata.labels or {}).get(STATE) for n in client.list(Node)}
+
+
+def _exists(client: Client, kind: type, name: str, namespace: str) -> bool:
+    try:
+        client.get(kind, name, namespace=namespace)
+    except ApiError:
+        return False
+    return True
