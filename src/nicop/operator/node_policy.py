@@ -25,6 +25,7 @@ from nicop.operator.state_sync import (
     Applied,
     StateSync,
     build_status,
+    moves_placement,
     owner_of,
     write_status,
 )
@@ -101,10 +102,7 @@ class NodePolicyController:
         self.nodes.on_change(self._node_changed)
 
     def _node_changed(self, event: str, node: Obj, old: Obj | None) -> None:
-        """Labels and taints decide what runs where; heartbeats change nothing here."""
-        if event != "MODIFIED" or labels_of(node) != labels_of(
-                old or {}) or (node.get("spec") or {}).get("taints") != ((old or {}).get(
-                "spec") or {}).get("taints"):
+        if moves_placement(event, node, old):
             self.states.placement_changed()
             self.controller.queue.add_batched(KEY)
 

@@ -36,7 +36,13 @@ from nicop.kube.resources import (
 from nicop.operator import metrics
 from nicop.operator import nodes as node_rules
 from nicop.operator.node_policy import NNP, common_node, conflict_message, nnp_driver_nodes
-from nicop.operator.state_sync import StateSync, build_status, condition, write_status
+from nicop.operator.state_sync import (
+    StateSync,
+    build_status,
+    condition,
+    moves_placement,
+    write_status,
+)
 from nicop.operator.states import STATES
 from nicop.operator.states.base import Context
 
@@ -73,10 +79,7 @@ class PolicyController:
             informer.on_change(lambda ev, obj, old: queue.add_batched(POLICY_NAME))
 
     def _node_changed(self, event: str, node: Obj, old: Obj | None) -> None:
-        """Labels and taints decide what runs where; heartbeats change nothing here."""
-        if event != "MODIFIED" or labels_of(node) != labels_of(
-                old or {}) or (node.get("spec") or {}).get("taints") != ((old or {}).get(
-                "spec") or {}).get("taints"):
+        if moves_placement(event, node, old):
             self.states.placement_changed()
             self.controller.queue.add_batched(POLICY_NAME)
 

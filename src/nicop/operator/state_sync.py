@@ -73,6 +73,13 @@ def owner_of(obj: Obj) -> str:
     return str((obj["metadata"].get("labels") or {}).get(OWNER_LABEL, OWNER_VALUE))
 
 
+def moves_placement(event: str, node: Obj, old: Obj | None) -> bool:
+    """Whether a node event can change what runs where: a node added or gone, its labels or
+    taints changed; heartbeats and status updates do not."""
+    return event != "MODIFIED" or labels_of(node) != labels_of(old or {}) or (
+        (node.get("spec") or {}).get("taints") != ((old or {}).get("spec") or {}).get("taints"))
+
+
 def owner_reference(kind: Resource, policy: Obj, controller: bool = True) -> Obj:
     pm = policy["metadata"]
     ref: Obj = {"apiVersion": kind.api_version, "kind": kind.kind, "name": pm["name"],
