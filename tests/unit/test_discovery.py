@@ -16,6 +16,8 @@ def test_dgx_nics_their_rdma_devices_and_numa(tmp_path: Path) -> None:
     assert len(nics) == 8
     assert {(f.vendor, f.device, f.driver) for f in nics} == {("15b3", "1021", "mlx5_core")}
     assert [f.numa_node for f in nics] == [0, 0, 0, 0, 1, 1, 1, 1]
+    gpu = inv.functions["0000:1b:00.0"]  # the GPUs are PCI functions, but no NICs
+    assert (gpu.vendor, gpu.class_code, gpu.driver, gpu.netdevs) == ("10de", 0x030200, "nvidia", ())
     first = inv.functions["0000:18:00.0"]
     assert first.netdev is not None
     assert (first.netdev.name, first.netdev.link_type, first.netdev.up) == (

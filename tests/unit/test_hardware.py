@@ -75,6 +75,37 @@ def test_dgx_spreads_its_nics_over_two_numa_nodes(tmp_path: Path) -> None:
     assert host.read("/sys/class/infiniband/mlx5_0/hca_type") == "MT4129"
 
 
+def _root_complex(host: SimulatedHost, address: str) -> str:
+    """The first element under /sys/devices of the function's sysfs directory."""
+    real = host.path(f"{PCI}/{address}").resolve()
+    return real.relative_to(host.path("/sys/devices").resolve()).parts[0]
+
+
+def test_dgx_pairs_each_nic_with_a_gpu_behind_its_own_root_complex(tmp_path: Path) -> None:
+    host = SimulatedHost.build(tmp_path / "node", "dgx")
+    nics, gpus = host.pfs(), host.gpus()
+    assert gpus == ["0000:1b:00.0", "0000:43:00.0", "0000:52:00.0", "0000:61:00.0",
+                    "0000:9d:00.0", "0000:c3:00.0", "0000:d1:00.0", "0000:df:00.0"]
+    roots = [_root_complex(host, a) for a in nics]
+    assert len(set(roots)) == 8 and roots[0] == "pci0000:15"
+    assert [_root_complex(host, a) for a in gpus] == roots
+    for nic, gpu in zip(nics, gpus, strict=True):
+        dev = f"{PCI}/{gpu}"
+        assert (host.read(f"{dev}/vendor"), host.read(f"{dev}/device"),
+                host.read(f"{dev}/class")) == ("0x10de", "0x2330", "0x030200")
+        assert host.read(f"{dev}/numa_node") == host.read(f"{PCI}/{nic}/numa_node")
+        assert host.link_name(f"{dev}/driver") == "nvidia"
+        assert host.netdev(gpu) is None and host.rdma_device(gpu) is None
+    host.set_numvfs(nics[0], 2)  # VFs sit next to their PF, behind its root complex
+    assert {_root_complex(host, vf) for vf in host.vfs(nics[0])} == {roots[0]}
+
+
+def test_other_profiles_keep_their_nics_under_root_complex_00(tmp_path: Path) -> None:
+    host = SimulatedHost.build(tmp_path / "node", "cx6dx")
+    assert host.gpus() == []
+    assert {_root_complex(host, a) for a in host.pfs()} == {"pci0000:00"}
+
+
 def test_writing_numvfs_creates_vfs_where_the_kernel_puts_them(cx6dx: SimulatedHost) -> None:
     cx6dx.write("/sys/class/net/enp59s0f0np0/device/sriov_numvfs", "4")
     cx6dx.set_numvfs("enp59s0f1np1", 2)

@@ -8,6 +8,9 @@ mlx5_core, mlx5_ib, ib_uverbs, ib_umad and rdma_ucm loaded. Its methods change t
 the kernel does (VFs appear when `sriov_numvfs` is written, links go down, drivers are rebound).
 All state lives in the tree, so `SimulatedHost(root)` can attach to a tree another process built.
 Facts (IDs, formats, numbering, errno rules) are those of the Linux kernel and the adapters.
+
+A profile may also place GPUs, each behind a PCIe root complex of its own shared with one NIC (as
+on a DGX H100), so that DRA's `resource.kubernetes.io/pcieRoot` can align GPU-NIC pairs.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from nicop.api.labels import MELLANOX_LABEL, NFD
 from nicop.node.host import Host
 
 MELLANOX_VENDOR = "15b3"
+NVIDIA_VENDOR = "10de"
+GPU_CLASS = 0x030200  # display controller, 3D
 NFD_PREFIX = NFD
 MELLANOX_PRESENT_LABEL = MELLANOX_LABEL
 # On a simulated Node: the profile its hardware is built from.
@@ -47,6 +52,21 @@ class Nic:
     board_id: str = ""
     subsystem_device: str = "0000"
     revision: int = 0
+    # Bus of the PCIe root complex (pci0000:<root_bus>) the NIC sits behind; None shares root
+    # complex 00 with the other NICs, each behind its own root port.
+    root_bus: int | None = None
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU, behind root complex `root_bus` (for a GPU-NIC pair, the NIC's)."""
+
+    product: str
+    device_id: str
+    bus: int
+    root_bus: int
+    numa_node: int = 0
+    vendor_id: str = NVIDIA_VENDOR
 
 
 @dataclass(frozen=True)
@@ -54,6 +74,7 @@ class Profile:
     name: str
     description: str
     nics: tuple[Nic, ...]
+    gpus: tuple[Gpu, ...] = ()
     os_id: str = "ubuntu"
     os_version: str = "22.04"
     kernel: str = "5.15.0-122-generic"
@@ -90,14 +111,22 @@ BF3 = Nic(model="BlueField-3", device_id="a2dc", ports=2, link_type="eth", bus=0
 
 # The eight compute NICs of a DGX H100: PCI bus and NUMA node of each (DGX OS names ibp<bus>s0).
 DGX_BUSES = ((0x18, 0), (0x40, 0), (0x4F, 0), (0x5E, 0), (0x9A, 1), (0xC0, 1), (0xCE, 1), (0xDC, 1))
+# Each NIC shares a PCIe switch, under a root complex of its own, with one H100 GPU: the root
+# complex's bus is 3 below the NIC's, the GPU's bus 3 above (0000:15 -> NIC 18, GPU 1b).
+DGX_ROOT_OFFSET, DGX_GPU_OFFSET = -3, 3
+H100 = Gpu(product="NVIDIA H100 80GB HBM3", device_id="2330", bus=0, root_bus=0)
 
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
         Profile(
             "dgx",
-            "DGX-like GPU node: 8 ConnectX-7 InfiniBand NICs across 2 NUMA nodes",
-            tuple(replace(CX7_IB, bus=bus, numa_node=numa) for bus, numa in DGX_BUSES),
+            "DGX-like GPU node: 8 ConnectX-7 InfiniBand NICs across 2 NUMA nodes, each paired "
+            "with an H100 GPU behind its own PCIe root complex",
+            tuple(replace(CX7_IB, bus=bus, numa_node=numa, root_bus=bus + DGX_ROOT_OFFSET)
+                  for bus, numa in DGX_BUSES),
+            gpus=tuple(replace(H100, bus=bus + DGX_GPU_OFFSET, root_bus=bus + DGX_ROOT_OFFSET,
+                               numa_node=numa) for bus, numa in DGX_BUSES),
             os_version="22.04",
             kernel="5.15.0-122-generic",
         ),
@@ -226,11 +255,16 @@ class SimulatedHost(Host):
             bus = nic.bus if nic.bus is not None else _lowest_free(used_buses | {0})
             used_buses.add(bus)
             host._add_nic(index, nic, bus, seed)
+        for index, gpu in enumerate(prof.gpus):
+            host._add_gpu(index, gpu, seed)
         return host
 
     def _add_nic(self, index: int, nic: Nic, bus: int, seed: int) -> None:
-        parent = f"/sys/devices/pci0000:00/0000:00:{index + 1:02x}.0"
-        self._file(f"{parent}/vendor", "0x8086")  # the root port the NIC sits behind
+        if nic.root_bus is None:
+            parent = f"/sys/devices/pci0000:00/0000:00:{index + 1:02x}.0"
+            self._file(f"{parent}/vendor", "0x8086")  # the root port the NIC sits behind
+        else:
+            parent = self._switch_port(nic.root_bus, 0)
         for fn in range(nic.ports):
             address = pci_address(bus, fn)
             self._add_function(
@@ -255,6 +289,27 @@ class SimulatedHost(Host):
             self._file(f"{dev}/.sim/vf_base", base)
             self._file(f"{dev}/.sim/netdev", name)
             self._bind_mlx5(address, name, mac, guid=_guid(mac))
+
+    def _add_gpu(self, index: int, gpu: Gpu, seed: int) -> None:
+        """A GPU bound to the nvidia driver; what NVML would tell (UUID, product) is in `.sim/`."""
+        address = pci_address(gpu.bus, 0)
+        parent = self._switch_port(gpu.root_bus, 1)
+        self._add_function(address, parent, gpu.vendor_id, gpu.device_id, GPU_CLASS,
+                           gpu.numa_node, 0xA1, "16c1", "nvidia")
+        dev = self._pci(address)
+        self._file(f"{dev}/.sim/gpu_uuid", _gpu_uuid(seed, index))
+        self._file(f"{dev}/.sim/gpu_product", gpu.product)
+
+    def _switch_port(self, root_bus: int, port: int) -> str:
+        """Downstream port `port` of the PCIe switch under root complex `root_bus`'s first root
+        port: root port 0000:RR:01.0, switch 0000:RR+1:00.0, ports 0000:RR+2:0p.0."""
+        root = f"/sys/devices/pci0000:{root_bus:02x}/0000:{root_bus:02x}:01.0"
+        switch = f"{root}/0000:{root_bus + 1:02x}:00.0"
+        parent = f"{switch}/0000:{root_bus + 2:02x}:{port:02x}.0"
+        self._file(f"{root}/vendor", "0x8086")
+        self._file(f"{switch}/vendor", "0x1000")  # a Broadcom PEX switch, as on a DGX
+        self._file(f"{parent}/vendor", "0x1000")
+        return parent
 
     def add_pci_device(
         self, address: str, vendor: str, device: str, class_code: int,
@@ -301,6 +356,12 @@ class SimulatedHost(Host):
     def pfs(self) -> list[str]:
         """PCI addresses of the SR-IOV capable functions."""
         return [a for a in self.functions() if self.exists(f"{self._pci(a)}/sriov_totalvfs")]
+
+    def gpus(self) -> list[str]:
+        """PCI addresses of the GPUs."""
+        return [a for a in self.functions()
+                if self.read(f"{PCI_DEVICES}/{a}/vendor") == f"0x{NVIDIA_VENDOR}"
+                and (self.read_int(f"{PCI_DEVICES}/{a}/class", 16) or 0) >> 16 == 0x03]
 
     def vfs(self, pf: str) -> list[str]:
         dev = self._pci(self.address(pf))
@@ -685,6 +746,12 @@ class SimulatedHost(Host):
 def _class_code(link_type: str) -> int:
     """PCI class of a ConnectX port: InfiniBand controller or Ethernet controller."""
     return 0x020700 if link_type == "ib" else 0x020000
+
+
+def _gpu_uuid(seed: int, index: int) -> str:
+    """A GPU UUID as nvidia-smi prints it, fixed per node (`seed`) and GPU."""
+    n = (seed & 0xFFFF) << 16 | index
+    return f"GPU-{n:08x}-5a1d-4c3e-9b00-{0x0d6a0000_0000 + n:012x}"
 
 
 def _derived_mac(pf_mac: str, kind: int, n: int) -> str:
