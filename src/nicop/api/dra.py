@@ -1,0 +1,72 @@
+"""Names of nicop's DRA driver that the node plugin publishes and the operator renders: the
+driver, its DeviceClasses, its device attributes, and the DeviceClass objects themselves.
+
+Users write these names into ResourceClaims (`deviceClassName: vf.rdma.nicop.io`, CEL on
+`device.attributes["rdma.nicop.io"].linkType`, `matchAttribute: resource.kubernetes.io/pcieRoot`),
+so they are an API: renaming one breaks claims already written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+RESOURCE_API = "resource.k8s.io/v1"
+DRIVER = "rdma.nicop.io"
+
+# DeviceClasses: whole physical functions, and SR-IOV virtual functions.
+PF_CLASS = DRIVER
+VF_CLASS = f"vf.{DRIVER}"
+
+# Kubernetes' standard attributes (k8s.io/dynamic-resource-allocation deviceattribute), shared
+# with other drivers: the NVIDIA GPU driver publishes the same two, so a claim can ask for a GPU
+# and a NIC behind one PCIe root complex.
+STANDARD_DOMAIN = "resource.kubernetes.io"
+PCIE_ROOT = f"{STANDARD_DOMAIN}/pcieRoot"  # "pci0000:15"
+PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"  # "0000:18:00.0"
+
+# The driver's own attributes. A ResourceSlice names them without domain (the driver's domain
+# is implied); CEL reads them as device.attributes["rdma.nicop.io"].<name>.
+KIND = "kind"  # string: KIND_PF or KIND_VF
+PCI_ADDRESS = "pciAddress"  # string, dddd:bb:dd.f
+NUMA_NODE = "numaNode"  # int, -1 when the firmware gives none
+VENDOR_ID = "vendorID"  # string, 4 hex digits ("15b3")
+DEVICE_ID = "deviceID"  # string, 4 hex digits ("1021", "101e")
+LINK_TYPE = "linkType"  # string: LINK_INFINIBAND or LINK_ETHERNET
+LINK_UP = "linkUp"  # bool
+PORT_GUID = "portGUID"  # string, InfiniBand only ("b83f:d203:0000:0000")
+MAC_ADDRESS = "macAddress"  # string, Ethernet only
+RDMA_DEVICE = "rdmaDevice"  # string ("mlx5_3"), when an RDMA device is attached
+NETDEV = "netdev"  # string: the function's own interface, when it has one
+PF_NAME = "pfName"  # string, VFs only: the netdev of the VF's PF
+VF_INDEX = "vfIndex"  # int, VFs only: N of the PF's virtfnN
+FIRMWARE_VERSION = "firmwareVersion"  # version (semver: leading zeros dropped, 22.38.1900)
+DRIVER_VERSION = "driverVersion"  # string, of the NVIDIA driver package ("25.10-1.2.8.0")
+
+KIND_PF, KIND_VF = "pf", "vf"
+LINK_INFINIBAND, LINK_ETHERNET = "infiniband", "ethernet"
+
+# ResourceSlice limits (resource.k8s.io/v1 validation).
+MAX_DEVICES_PER_SLICE = 128
+MAX_ATTRIBUTES_PER_DEVICE = 32  # attributes and capacities together
+MAX_STRING_LENGTH = 64
+
+
+def device_class(name: str, kind: str, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The DeviceClass selecting this driver's devices of `kind`."""
+    expression = (f'device.driver == "{DRIVER}" && '
+                  f'device.attributes["{DRIVER}"].{KIND} == "{kind}"')
+    metadata: dict[str, Any] = {"name": name}
+    if labels:
+        metadata["labels"] = dict(labels)
+    return {
+        "apiVersion": RESOURCE_API,
+        "kind": "DeviceClass",
+        "metadata": metadata,
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
+    }
+
+
+def device_classes(labels: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """Both DeviceClasses of the driver, for the operator to apply (with its own labels)."""
+    return [device_class(PF_CLASS, KIND_PF, labels), device_class(VF_CLASS, KIND_VF, labels)]

@@ -1,0 +1,163 @@
+"""The DRA devices of a node: one per RDMA-capable Mellanox PF, one per VF, with the attributes
+claims select on (kind, link, NUMA node, PCIe root for GPU alignment, PF and VF index).
+
+What is published:
+- a PF with an RDMA device, whatever its link state (`linkUp` tells; a claim can require it);
+- a VF bound to a driver (vfio-pci counts), while its PF's link is up. A VF shares its PF's port,
+  so with the PF down it can carry nothing: its device leaves the slice instead of staying
+  allocatable with `linkUp: false`, and comes back, under the same name, when the link does.
+
+Device names are DNS labels built from the PCI address (`pf-0000-3b-00-0`, `vf-0000-3b-00-2`):
+unique per node, and the same on every rescan because addresses are, so an allocation keeps
+naming the device it got. Attributes a node cannot read are left out, never guessed.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from nicop.api import dra
+from nicop.node import kernel
+from nicop.node.discovery import NETWORK_CLASS, PCI_DEVICES, Inventory, PciFunction
+from nicop.node.host import Host
+
+log = logging.getLogger(__name__)
+
+MELLANOX_VENDOR = "15b3"
+INFINIBAND_CLASS = 0x0207  # PCI base class and subclass of an InfiniBand controller
+_PCIE_ROOT = re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}")
+_FIRMWARE = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+ZERO_GUID = "0000:0000:0000:0000"
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device of a ResourceSlice: its name and typed attribute values, as the API has them."""
+
+    name: str
+    attributes: dict[str, dict[str, Any]]  # {"linkUp": {"bool": True}, ...}
+
+    def to_api(self) -> dict[str, Any]:
+        return {"name": self.name, "attributes": dict(sorted(self.attributes.items()))}
+
+
+def device_name(kind: str, address: str) -> str:
+    """`vf`, `0000:3b:00.2` -> `vf-0000-3b-00-2` (DNS labels allow neither `:` nor `.`)."""
+    return f"{kind}-{address.replace(':', '-').replace('.', '-')}"
+
+
+def node_devices(inv: Inventory, host: Host) -> list[Device]:
+    """The node's devices, ordered by name."""
+    driver_version = kernel.loaded_version(host)
+    result = []
+    for fn in inv.functions.values():
+        if fn.vendor != MELLANOX_VENDOR or fn.base_class != NETWORK_CLASS:
+            continue
+        if fn.pf is None:
+            if fn.rdma:
+                result.append(_device(inv, host, fn, None, driver_version))
+            continue
+        pf = inv.functions.get(fn.pf)
+        if pf is None or not fn.driver:
+            continue
+        if not link_up(pf):
+            log.debug("VF %s left out: link of its PF %s is down", fn.address, pf.address)
+            continue
+        result.append(_device(inv, host, fn, pf, driver_version))
+    return sorted(result, key=lambda d: d.name)
+
+
+def link_up(fn: PciFunction) -> bool:
+    """The function's port is up: its netdev, or without one its RDMA port."""
+    if fn.netdev is not None:
+        return fn.netdev.up
+    return any(r.port_state == "ACTIVE" for r in fn.rdma)
+
+
+def pcie_root(host: Host, address: str) -> str | None:
+    """`pci<domain>:<bus>` of the root complex the function sits behind: the first element under
+    /sys/devices of where /sys/bus/pci/devices/<address> links to (as Kubernetes' helper)."""
+    try:
+        target = host.path(f"{PCI_DEVICES}/{address}").resolve(strict=True)
+        parts = target.relative_to(host.path("/sys/devices").resolve(strict=True)).parts
+    except (OSError, ValueError):
+        return None
+    return parts[0] if parts and _PCIE_ROOT.fullmatch(parts[0]) else None
+
+
+def _device(
+    inv: Inventory, host: Host, fn: PciFunction, pf: PciFunction | None,
+    driver_version: str | None,
+) -> Device:
+    kind = dra.KIND_VF if pf is not None else dra.KIND_PF
+    link_type = _link_type(fn)
+    rdma = fn.rdma[0].name if fn.rdma else None
+    attrs: dict[str, Any] = {
+        dra.KIND: kind,
+        dra.PCI_ADDRESS: fn.address,
+        dra.PCI_BUS_ID: fn.address,
+        dra.PCIE_ROOT: pcie_root(host, fn.address),
+        dra.NUMA_NODE: fn.numa_node,
+        dra.VENDOR_ID: fn.vendor,
+        dra.DEVICE_ID: fn.device,
+        dra.LINK_TYPE: link_type,
+        dra.LINK_UP: link_up(fn),
+        dra.RDMA_DEVICE: rdma,
+        dra.NETDEV: fn.netdev.name if fn.netdev else None,
+        dra.DRIVER_VERSION: driver_version,
+    }
+    if link_type == dra.LINK_INFINIBAND:
+        attrs[dra.PORT_GUID] = _port_guid(host, fn.address, rdma)
+    elif fn.netdev is not None:
+        attrs[dra.MAC_ADDRESS] = host.read(f"/sys/class/net/{fn.netdev.name}/address")
+    if pf is not None:
+        pf_net = inv.pf_netdev(fn)
+        attrs[dra.PF_NAME] = pf_net.name if pf_net else None
+        attrs[dra.VF_INDEX] = fn.vf_index
+    firmware = _firmware(host, fn) or (_firmware(host, pf) if pf is not None else None)
+    typed = {name: _typed(name, value) for name, value in attrs.items() if value is not None}
+    if firmware:
+        typed[dra.FIRMWARE_VERSION] = {"version": firmware}
+    return Device(device_name(kind, fn.address), {k: v for k, v in typed.items() if v})
+
+
+def _typed(name: str, value: Any) -> dict[str, Any]:
+    """The API's one-of value; a string over the API's limit is left out (empty), not cut."""
+    if isinstance(value, bool):
+        return {"bool": value}
+    if isinstance(value, int):
+        return {"int": value}
+    if len(value) > dra.MAX_STRING_LENGTH:
+        log.warning("attribute %s left out: %r is longer than %d characters", name, value,
+                    dra.MAX_STRING_LENGTH)
+        return {}
+    return {"string": value}
+
+
+def _link_type(fn: PciFunction) -> str:
+    """From the netdev when there is one, else from the PCI class (a VF bound to vfio-pci)."""
+    if fn.netdev is not None and fn.netdev.link_type:
+        return dra.LINK_INFINIBAND if fn.netdev.link_type == "infiniband" else dra.LINK_ETHERNET
+    return dra.LINK_INFINIBAND if fn.class_code >> 8 == INFINIBAND_CLASS else dra.LINK_ETHERNET
+
+
+def _port_guid(host: Host, address: str, rdma: str | None) -> str | None:
+    """Port 1's GUID (the low half of its GID 0); None while unassigned (a fresh VF's is 0)."""
+    if rdma is None:
+        return None
+    gid = host.read(f"{PCI_DEVICES}/{address}/infiniband/{rdma}/ports/1/gids/0") or ""
+    guid = ":".join(gid.split(":")[4:])
+    return guid if guid and guid != ZERO_GUID else None
+
+
+def _firmware(host: Host, fn: PciFunction) -> str | None:
+    """The firmware version as semver: mlx5's `22.38.1900`; leading zeros dropped (`0292`)."""
+    for r in fn.rdma:
+        text = host.read(f"{PCI_DEVICES}/{fn.address}/infiniband/{r.name}/fw_ver") or ""
+        match = _FIRMWARE.match(text)
+        if match:
+            return ".".join(str(int(g)) for g in match.groups())
+    return None
