@@ -10,8 +10,10 @@ helper's `generateName`: a create retried after a lost response then fails with 
 instead of leaving a second copy of the pool, server-side apply can address each slice by name,
 and `kubectl get resourceslices` shows which node and driver a slice belongs to.
 
-The pool's generation moves only when the devices change: the scheduler drops slices of older
-generations, so a bump for nothing would make every node's pool briefly incomplete.
+The pool's generation moves only when what the newest generation in the API publishes is no
+longer right (devices changed, or a slice was edited): the scheduler drops slices of older
+generations, so a bump for nothing would make the node's pool briefly incomplete. A slice that
+was only deleted comes back in the generation it had.
 """
 
 from __future__ import annotations
