@@ -84,6 +84,10 @@ SRIOV_POOL_CONFIG = Resource(SRIOV_GROUP, SRIOV_VERSION, "SriovNetworkPoolConfig
 SRIOV_NETWORK = Resource(SRIOV_GROUP, SRIOV_VERSION, "SriovNetwork", "sriovnetworks")
 SRIOV_IB_NETWORK = Resource(SRIOV_GROUP, SRIOV_VERSION, "SriovIBNetwork", "sriovibnetworks")
 OVS_NETWORK = Resource(SRIOV_GROUP, SRIOV_VERSION, "OVSNetwork", "ovsnetworks")
+RESOURCE_SLICE = Resource("resource.k8s.io", "v1", "ResourceSlice", "resourceslices",
+                          namespaced=False)
+DEVICE_CLASS = Resource("resource.k8s.io", "v1", "DeviceClass", "deviceclasses",
+                        namespaced=False)
 
 BUILTIN = {
     r.api_version + "/" + r.kind: r
@@ -91,7 +95,7 @@ BUILTIN = {
         NAMESPACE, NODE, POD, CONFIGMAP, SECRET, SERVICE, SERVICE_ACCOUNT, EVENT, DAEMONSET,
         DEPLOYMENT, CONTROLLER_REVISION, CLUSTER_ROLE, CLUSTER_ROLE_BINDING, ROLE, ROLE_BINDING,
         LEASE, CRD, PERSISTENT_VOLUME_CLAIM,
-        POD_DISRUPTION_BUDGET, NETWORK_ATTACHMENT_DEFINITION,
+        POD_DISRUPTION_BUDGET, NETWORK_ATTACHMENT_DEFINITION, RESOURCE_SLICE, DEVICE_CLASS,
     )
 }
 

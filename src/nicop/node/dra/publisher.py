@@ -1,0 +1,81 @@
+"""Keeps a node's pool of ResourceSlices in step with its devices.
+
+The devices are read again every `interval` seconds, as the device plugins rescan; the API is
+written only when they changed (or the last write failed), and read back every `resync` seconds
+so that a slice someone deleted or edited comes back. The slices are owned by their Node, so
+they go with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from nicop.kube.client import ApiClient, ApiError
+from nicop.kube.resources import NODE, RESOURCE_SLICE
+from nicop.node.dra.slices import SlicePlan, plan
+
+log = logging.getLogger(__name__)
+
+Devices = Callable[[], list[dict[str, Any]]]
+
+
+class SlicePublisher:
+    """Publishes `devices()` as the pool of `driver` on `node_name`."""
+
+    def __init__(self, client: ApiClient, driver: str, node_name: str, devices: Devices, *,
+                 interval: float = 1.0, resync: float = 60.0) -> None:
+        self.client = client
+        self.driver = driver
+        self.node_name = node_name
+        self.devices = devices
+        self.interval = interval
+        self.resync = resync
+
+    async def sync(self, devices: list[dict[str, Any]]) -> SlicePlan:
+        """One round: read the pool, write what differs from `devices`."""
+        node = await self.client.get(NODE, self.node_name)
+        current, _ = await self.client.list(
+            RESOURCE_SLICE,
+            field_selector=f"spec.nodeName={self.node_name},spec.driver={self.driver}")
+        writes = plan(self.driver, self.node_name, devices, current, owner=node)
+        for obj in writes.create:
+            await self.client.create(obj, res=RESOURCE_SLICE)
+        for obj in writes.update:
+            await self.client.update(obj)
+        for name in writes.delete:
+            await self.client.delete(RESOURCE_SLICE, name)
+        if not writes.noop:
+            log.info("%s: node %s publishes %d devices (pool generation %d)", self.driver,
+                     self.node_name, len(devices), writes.generation)
+        return writes
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Until `stop`: publish on every change of the devices, and check every `resync`."""
+        published: list[dict[str, Any]] | None = None
+        checked = 0.0
+        loop = asyncio.get_running_loop()
+        while not stop.is_set():
+            devices = await asyncio.to_thread(self.devices)
+            if devices != published or loop.time() - checked >= self.resync:
+                try:
+                    await self.sync(devices)
+                    published, checked = devices, loop.time()
+                except ApiError as e:  # the API server restarting, a conflict: next round
+                    log.warning("%s: cannot publish the slices of node %s: %s", self.driver,
+                                self.node_name, e)
+                    published = None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.interval)
+
+    async def withdraw(self) -> None:
+        """Delete the node's slices of this driver (the plugin is removed from the node)."""
+        current, _ = await self.client.list(
+            RESOURCE_SLICE,
+            field_selector=f"spec.nodeName={self.node_name},spec.driver={self.driver}")
+        for obj in current:
+            await self.client.delete(RESOURCE_SLICE, obj["metadata"]["name"])
+

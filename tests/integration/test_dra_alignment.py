@@ -1,0 +1,241 @@
+"""nicop's DRA driver publishes a DGX node's NICs and VFs as ResourceSlices, beside the GPUs
+that a GPU DRA driver publishes (simulated as the NVIDIA driver publishes them), and the real
+kube-scheduler allocates them: a claim for one GPU and one NIC with `matchAttribute:
+resource.kubernetes.io/pcieRoot` (the cross-driver constraint of the standard attributes in
+k8s.io/dynamic-resource-allocation) gets the NIC behind its GPU's PCIe root."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from nicop.api import dra
+from nicop.kube.client import ApiClient
+from nicop.kube.resources import DEVICE_CLASS, POD, RESOURCE_SLICE, Resource
+from nicop.node import discovery
+from nicop.node.dra.devices import node_devices
+from nicop.node.dra.publisher import SlicePublisher
+from nicop.sim import gpu_dra
+from nicop.sim.hardware import SimulatedHost
+
+NODE = "node-1"  # the DGX of the test cluster's layout
+CLAIM_TEMPLATE = Resource("resource.k8s.io", "v1", "ResourceClaimTemplate",
+                          "resourceclaimtemplates")
+CLAIM = Resource("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims")
+PAIRS = 8
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "dra"
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="dgx-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path)
+
+
+async def until(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+def example(name: str, namespace: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The claim template of examples/dra/<name> and the pod that uses it, in `namespace`."""
+    docs = list(yaml.safe_load_all((EXAMPLES / name).read_text()))
+    for doc in docs:
+        doc["metadata"]["namespace"] = namespace
+    return docs[0], docs[1] if len(docs) > 1 else None
+
+
+def pod_named(pod: dict[str, Any] | None, name: str) -> dict[str, Any]:
+    assert pod is not None
+    copy = json.loads(json.dumps(pod))
+    copy["metadata"].update(name=name, labels={"app": "dra-train"})
+    return copy
+
+
+def test_eight_gpu_nic_pairs_on_a_dgx_share_their_pcie_root_and_a_ninth_waits(
+    kubeconfig: Path, namespace: str, root: Path
+) -> None:
+    """8 pods each claim a GPU and a NIC on one PCIe root: all 8 are scheduled to the DGX, each
+    pair on one root, no NIC or GPU twice; the 9th stays Pending, unschedulable."""
+    host = SimulatedHost.build(root, "dgx", seed=1)
+    roots = {d["name"]: d["attributes"][dra.PCIE_ROOT]["string"]
+             for d in gpu_dra.gpu_devices(host)}
+    nics = [d.to_api() for d in node_devices(discovery.scan(host), host)]
+    roots.update({d["name"]: d["attributes"][dra.PCIE_ROOT]["string"] for d in nics})
+
+    async def main() -> None:
+        client = ApiClient(kubeconfig)
+        stop = asyncio.Event()
+        publishers = [
+            SlicePublisher(client, dra.DRIVER, NODE,
+                           lambda: [d.to_api() for d in node_devices(discovery.scan(host), host)],
+                           interval=0.5),
+            SlicePublisher(client, gpu_dra.GPU_DRIVER, NODE,
+                           lambda: gpu_dra.gpu_devices(host), interval=0.5),
+        ]
+        tasks = [asyncio.create_task(p.run(stop)) for p in publishers]
+        classes = [*dra.device_classes(), gpu_dra.gpu_device_class()]
+        try:
+            for obj in classes:
+                await client.apply(obj, res=DEVICE_CLASS)
+
+            async def published() -> bool:
+                slices, _ = await client.list(RESOURCE_SLICE,
+                                              field_selector=f"spec.nodeName={NODE}")
+                return sum(len(s["spec"].get("devices") or []) for s in slices) == 2 * PAIRS
+            await until(published, 30, "the node's GPU and NIC slices")
+            for publisher in publishers:  # what the API server stored is what was wanted
+                assert (await publisher.sync(publisher.devices())).noop
+            slices, _ = await client.list(
+                RESOURCE_SLICE, field_selector=f"spec.nodeName={NODE},spec.driver={dra.DRIVER}")
+            print(f"\nNIC ResourceSlices of the DGX: {len(slices)}, "
+                  f"{sum(len(json.dumps(s)) for s in slices)} bytes as JSON")
+
+            template, pod = example("gpu-and-nic.yaml", namespace)
+            await client.create(template, res=CLAIM_TEMPLATE)
+            started = time.monotonic()
+            for i in range(PAIRS + 1):
+                await client.create(pod_named(pod, f"train-{i}"))
+
+            async def pods() -> list[dict[str, Any]]:
+                items, _ = await client.list(POD, namespace, label_selector="app=dra-train")
+                return items
+
+            def unschedulable(pod: dict[str, Any]) -> bool:
+                return any(c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+                           for c in (pod.get("status") or {}).get("conditions") or [])
+
+            async def placed() -> bool:
+                items = await pods()
+                return (sum(p["spec"].get("nodeName") == NODE for p in items) == PAIRS
+                        and sum(map(unschedulable, items)) == 1)
+            await until(placed, 120, f"{PAIRS} pods scheduled and one unschedulable")
+            print(f"{PAIRS} GPU-NIC pods scheduled in {time.monotonic() - started:.1f}s")
+
+            gpus, nics_taken = [], []
+            for pod in await pods():
+                if not pod["spec"].get("nodeName"):
+                    continue
+                [status] = pod["status"]["resourceClaimStatuses"]
+                claim = await client.get(CLAIM, status["resourceClaimName"], namespace)
+                results = {r["request"]: r for r in
+                           claim["status"]["allocation"]["devices"]["results"]}
+                gpu, nic = results["gpu"], results["nic"]
+                assert (gpu["driver"], nic["driver"]) == (gpu_dra.GPU_DRIVER, dra.DRIVER)
+                assert roots[gpu["device"]] == roots[nic["device"]], (gpu, nic)
+                gpus.append(gpu["device"])
+                nics_taken.append(nic["device"])
+            assert len(set(gpus)) == len(set(nics_taken)) == PAIRS
+            [waiting] = [p for p in await pods() if not p["spec"].get("nodeName")]
+            condition = next(c for c in waiting["status"]["conditions"]
+                             if c["type"] == "PodScheduled")
+            assert "claim" in condition["message"].lower(), condition
+            # The third example's CEL compiles where the API server checks it.
+            await client.create(example("one-ib-nic.yaml", namespace)[0], res=CLAIM_TEMPLATE)
+        finally:
+            items, _ = await client.list(POD, namespace, label_selector="app=dra-train")
+            for pod in items:
+                await client.delete(POD, pod["metadata"]["name"], namespace, grace_seconds=0)
+            await client.delete(CLAIM_TEMPLATE, "gpu-nic", namespace)
+            await client.delete(CLAIM_TEMPLATE, "one-ib-nic", namespace)
+            stop.set()
+            await asyncio.gather(*tasks)
+            for publisher in publishers:
+                await publisher.withdraw()
+            for obj in classes:
+                await client.delete(DEVICE_CLASS, obj["metadata"]["name"])
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_vfs_are_claimable_once_created_and_leave_the_slice_when_their_pf_link_goes_down(
+    kubeconfig: Path, namespace: str, root: Path
+) -> None:
+    """A claim for 2 VFs on InfiniBand PFs with link up waits until the PF has VFs, then is
+    allocated two of them; the PF's link going down takes its VFs out of the slice within 5 s."""
+    host = SimulatedHost.build(root, "dgx", seed=1)
+    pf = "ibp24s0"
+
+    async def main() -> None:
+        client = ApiClient(kubeconfig)
+        stop = asyncio.Event()
+        publisher = SlicePublisher(
+            client, dra.DRIVER, NODE,
+            lambda: [d.to_api() for d in node_devices(discovery.scan(host), host)], interval=0.5)
+        task = asyncio.create_task(publisher.run(stop))
+
+        async def vfs_published() -> list[dict[str, Any]]:
+            slices, _ = await client.list(
+                RESOURCE_SLICE, field_selector=f"spec.nodeName={NODE},spec.driver={dra.DRIVER}")
+            newest = max((s["spec"]["pool"]["generation"] for s in slices), default=0)
+            return [d for s in slices if s["spec"]["pool"]["generation"] == newest
+                    for d in s["spec"].get("devices") or []
+                    if d["attributes"][dra.KIND]["string"] == dra.KIND_VF]
+
+        async def pod() -> dict[str, Any]:
+            return await client.get(POD, "vf-user", namespace)
+
+        try:
+            for obj in dra.device_classes():
+                await client.apply(obj, res=DEVICE_CLASS)
+            template, user = example("two-ib-vfs.yaml", namespace)
+            await client.create(template, res=CLAIM_TEMPLATE)
+            assert user is not None
+            await client.create(user)
+
+            async def unschedulable() -> bool:
+                return any(c.get("reason") == "Unschedulable"
+                           for c in ((await pod()).get("status") or {}).get("conditions") or [])
+            await until(unschedulable, 60, "the claim to find no VFs")
+            assert not (await pod())["spec"].get("nodeName")
+
+            created = time.monotonic()
+            await asyncio.to_thread(host.set_numvfs, pf, 4)
+
+            async def four_vfs() -> bool:
+                return len(await vfs_published()) == 4
+            await until(four_vfs, 10, "the VFs in the slice")
+            print(f"\nVF creation to slice update: {time.monotonic() - created:.2f}s")
+
+            async def scheduled() -> bool:
+                return (await pod())["spec"].get("nodeName") == NODE
+            await until(scheduled, 60, "the pod to be scheduled with two VFs")
+            [status] = (await pod())["status"]["resourceClaimStatuses"]
+            claim = await client.get(CLAIM, status["resourceClaimName"], namespace)
+            taken = {r["device"] for r in claim["status"]["allocation"]["devices"]["results"]}
+            by_name = {d["name"]: d for d in await vfs_published()}
+            assert len(taken) == 2 and taken <= set(by_name)
+            assert {by_name[d]["attributes"][dra.PF_NAME]["string"] for d in taken} == {pf}
+
+            down = time.monotonic()
+            await asyncio.to_thread(host.set_link, pf, False)
+
+            async def vfs_gone() -> bool:
+                return not await vfs_published()
+            await until(vfs_gone, 5, "the VFs of the PF whose link went down to leave the slice")
+            print(f"PF link down to VFs out of the slice: {time.monotonic() - down:.2f}s")
+        finally:
+            await client.delete(POD, "vf-user", namespace, grace_seconds=0)
+            await client.delete(CLAIM_TEMPLATE, "two-ib-vfs", namespace)
+            stop.set()
+            await task
+            await publisher.withdraw()
+            for obj in dra.device_classes():
+                await client.delete(DEVICE_CLASS, obj["metadata"]["name"])
+            await client.close()
+
+    asyncio.run(main())
