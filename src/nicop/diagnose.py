@@ -19,6 +19,7 @@ from typing import Literal
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from nicop import claims
 from nicop import status as st
 from nicop.api import nodes as node_rules
 from nicop.api import upgrade
@@ -34,7 +35,15 @@ from nicop.api.labels import (
     STATE_LABEL,
 )
 from nicop.kube.client import ApiClient, ApiError
-from nicop.kube.resources import EVENT, POD, Obj
+from nicop.kube.resources import (
+    DEVICE_CLASS,
+    EVENT,
+    POD,
+    RESOURCE_CLAIM,
+    RESOURCE_CLAIM_TEMPLATE,
+    RESOURCE_SLICE,
+    Obj,
+)
 from nicop.kube.scheduling import node_matches, tolerates
 
 Result = Literal["pass", "warn", "fail"]
@@ -100,6 +109,8 @@ async def collect(client: ApiClient, namespace: str, target: Target) -> Snapshot
     try:
         if target.kind == "pod":
             snap["pod"] = await client.get_or_none(POD, target.name, target.namespace)
+            if ((snap["pod"] or {}).get("spec") or {}).get("resourceClaims"):
+                await _collect_claims(client, snap, target.namespace)
             events, _ = await client.list(
                 EVENT, target.namespace,
                 field_selector=f"involvedObject.kind=Pod,involvedObject.name={target.name}")
@@ -111,6 +122,18 @@ async def collect(client: ApiClient, namespace: str, target: Target) -> Snapshot
         events = []
     snap["events"] = events
     return snap
+
+
+async def _collect_claims(client: ApiClient, snap: Snapshot, namespace: str) -> None:
+    """What the scheduler reads to allocate a pod's claims."""
+    try:
+        snap["claims"], _ = await client.list(RESOURCE_CLAIM, None)
+        snap["claim_templates"], _ = await client.list(RESOURCE_CLAIM_TEMPLATE, namespace)
+        snap["resource_slices"], _ = await client.list(RESOURCE_SLICE, None)
+        snap["device_classes"], _ = await client.list(DEVICE_CLASS, None)
+    except ApiError as e:
+        snap["errors"].append(f"cannot read DRA claims, slices or classes: {e.code} {e.reason}: "
+                              f"{e.message}")
 
 
 # ------------------------------------------------------------------ entry points
@@ -760,8 +783,76 @@ def pod_checks(snap: Snapshot, namespace: str, name: str) -> list[Check]:
               if n > 0 and (st.is_device_resource(r) or r in nad_resources)}
     for resource, count in sorted(wanted.items()):
         checks.append(_device_check(snap, pod, subject, resource, count))
+    checks.extend(_claim_checks(snap, pod, subject))
     checks.extend(_event_checks(snap, pod, subject, scheduled))
     return checks
+
+
+def _claim_checks(snap: Snapshot, pod: Obj, subject: str) -> list[Check]:
+    """Each DRA claim of the pod: allocated, or which node comes closest and what it lacks."""
+    namespace = pod["metadata"].get("namespace", "default")
+    claims = {(c["metadata"].get("namespace"), c["metadata"]["name"]): c
+              for c in snap.get("claims") or []}
+    templates = {t["metadata"]["name"]: t for t in snap.get("claim_templates") or []}
+    classes = {c["metadata"]["name"]: c for c in snap.get("device_classes") or []}
+    made = {s.get("name"): s.get("resourceClaimName")
+            for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
+    checks = []
+    for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
+        name = f"claim {entry['name']}"
+        claim_name = entry.get("resourceClaimName") or made.get(entry["name"])
+        claim = claims.get((namespace, claim_name)) if claim_name else None
+        template = templates.get(entry.get("resourceClaimTemplateName") or "")
+        if claim is None and template is None:
+            missing = claim_name or entry.get("resourceClaimTemplateName")
+            checks.append(Check(subject, name, "fail",
+                                f"the pod's claim {entry['name']} names {missing}, which does "
+                                f"not exist in namespace {namespace}",
+                                f"kubectl -n {namespace} get resourceclaims,"
+                                "resourceclaimtemplates"))
+            continue
+        allocation = ((claim or {}).get("status") or {}).get("allocation")
+        if allocation:
+            got = ", ".join(f"{r['request']}: {r['device']} ({r['driver']}, pool {r['pool']})"
+                            for r in (allocation.get("devices") or {}).get("results") or [])
+            checks.append(Check(subject, name, "pass", f"allocated: {got}"))
+            continue
+        spec = (claim or {}).get("spec") or ((template or {}).get("spec") or {}).get("spec") or {}
+        checks.append(_unallocated_claim_check(snap, subject, name, spec, classes))
+    return checks
+
+
+def _unallocated_claim_check(snap: Snapshot, subject: str, name: str, spec: Obj,
+                             classes: dict[str, Obj]) -> Check:
+    requests, nodes, unknown = claims.fits(spec, classes, snap.get("resource_slices") or [],
+                                           snap.get("claims") or [])
+    missing = sorted({r.device_class for r in requests if r.device_class not in classes})
+    if missing:
+        return Check(subject, name, "fail",
+                     f"DeviceClass {', '.join(missing)} does not exist: no device can match",
+                     "install the DRA driver that provides it, or fix deviceClassName "
+                     "(kubectl get deviceclasses)")
+    asked = "; ".join(f"{r.name}: {max(r.count, 1)} of {r.device_class}" for r in requests)
+    constraints = [c["matchAttribute"] for c in (spec.get("devices") or {}).get(
+        "constraints") or [] if c.get("matchAttribute")]
+    if constraints:
+        asked += f"; the same {', '.join(constraints)}"
+    note = f" (not evaluated: {'; '.join(sorted(set(unknown)))})" if unknown else ""
+    if any(n.fits for n in nodes):
+        where = ", ".join(n.node for n in nodes if n.fits)
+        return Check(subject, name, "warn",
+                     f"not allocated yet, but node(s) {where} have free devices for it "
+                     f"({asked}){note}", "kubectl get events --field-selector "
+                     "reason=FailedScheduling")
+    if not nodes:
+        return Check(subject, name, "fail",
+                     f"no node publishes DRA devices ({asked}): no ResourceSlice exists",
+                     "check that the DRA drivers run on the nodes (kubectl get resourceslices)")
+    shown = "; ".join(f"node {n.node}: {n.why}" for n in nodes[:5])
+    return Check(subject, name, "fail",
+                 f"no node can satisfy it ({asked}){note}: {shown}",
+                 "wait for pods holding these devices to finish (kubectl get resourceclaims -A),"
+                 " relax the claim, or add nodes with such devices")
 
 
 def _network_checks(snap: Snapshot, pod: Obj, subject: str) -> tuple[set[str], list[Check]]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -69,7 +71,8 @@ def test_eight_gpu_nic_pairs_on_a_dgx_share_their_pcie_root_and_a_ninth_waits(
     kubeconfig: Path, namespace: str, root: Path
 ) -> None:
     """8 pods each claim a GPU and a NIC on one PCIe root: all 8 are scheduled to the DGX, each
-    pair on one root, no NIC or GPU twice; the 9th stays Pending, unschedulable."""
+    pair on one root, no NIC or GPU twice; the 9th stays Pending, unschedulable, and `nicop
+    diagnose pod` says that no GPU or NIC of the DGX is free."""
     host = SimulatedHost.build(root, "dgx", seed=1)
     roots = {d["name"]: d["attributes"][dra.PCIE_ROOT]["string"]
              for d in gpu_dra.gpu_devices(host)}
@@ -143,6 +146,16 @@ def test_eight_gpu_nic_pairs_on_a_dgx_share_their_pcie_root_and_a_ninth_waits(
             condition = next(c for c in waiting["status"]["conditions"]
                              if c["type"] == "PodScheduled")
             assert "claim" in condition["message"].lower(), condition
+            # nicop diagnose says which node comes closest and what it lacks.
+            done = await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-m", "nicop", "diagnose", "pod",
+                                 f"{namespace}/{waiting['metadata']['name']}",
+                                 "--kubeconfig", str(kubeconfig)],
+                capture_output=True, text=True, timeout=120, check=False)
+            said = " ".join(done.stdout.split())
+            assert done.returncode == 1, done.stdout + done.stderr
+            assert f"node {NODE}: gpu: 0 free of 8 gpu.nvidia.com" in said, said
+            assert "nic: 0 free of 8 rdma.nicop.io" in said, said
             # The third example's CEL compiles where the API server checks it.
             await client.create(example("one-ib-nic.yaml", namespace)[0], res=CLAIM_TEMPLATE)
         finally:

@@ -22,7 +22,8 @@ ALLOWED = {
     "operator": {"api", "kube"},
     "status": {"api", "kube"},
     "status_graph": {"api", "kube", "status"},
-    "diagnose": {"api", "kube", "status"},
+    "claims": set(),
+    "diagnose": {"api", "kube", "status", "claims"},
     "bundle": {"api", "kube", "status", "diagnose", "nicop"},
     "sim": {"api", "kube", "node", "cni"},
 }

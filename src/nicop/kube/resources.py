@@ -88,6 +88,9 @@ RESOURCE_SLICE = Resource("resource.k8s.io", "v1", "ResourceSlice", "resourcesli
                           namespaced=False)
 DEVICE_CLASS = Resource("resource.k8s.io", "v1", "DeviceClass", "deviceclasses",
                         namespaced=False)
+RESOURCE_CLAIM = Resource("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims")
+RESOURCE_CLAIM_TEMPLATE = Resource("resource.k8s.io", "v1", "ResourceClaimTemplate",
+                                   "resourceclaimtemplates")
 
 BUILTIN = {
     r.api_version + "/" + r.kind: r
@@ -96,6 +99,7 @@ BUILTIN = {
         DEPLOYMENT, CONTROLLER_REVISION, CLUSTER_ROLE, CLUSTER_ROLE_BINDING, ROLE, ROLE_BINDING,
         LEASE, CRD, PERSISTENT_VOLUME_CLAIM,
         POD_DISRUPTION_BUDGET, NETWORK_ATTACHMENT_DEFINITION, RESOURCE_SLICE, DEVICE_CLASS,
+        RESOURCE_CLAIM, RESOURCE_CLAIM_TEMPLATE,
     )
 }
 

@@ -1,0 +1,174 @@
+"""Why a pod's DRA claim is not allocated: which devices each request could take, node by node.
+
+The scheduler says only that it "cannot allocate all claims". This reads the same inputs it
+reads (the claim or its template, the DeviceClasses, the ResourceSlices and the devices other
+claims hold) and finds, for each node, how many free devices each request could take and whether
+a `matchAttribute` constraint can be met. Selectors are CEL; the equality tests DeviceClasses
+usually hold (`device.driver == "x"`, `device.attributes["d"].a == "v"`, joined by `&&`) are
+evaluated, anything else is named as not evaluated, so the counts are an upper bound.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+Obj = dict[str, Any]
+_DRIVER = re.compile(r'^device\.driver\s*==\s*"([^"]*)"$')
+_ATTRIBUTE = re.compile(
+    r'^device\.attributes\["([^"]+)"\]\.(\w+)\s*==\s*("[^"]*"|-?\d+|true|false)$')
+_BARE = re.compile(r'^device\.attributes\["([^"]+)"\]\.(\w+)$')
+
+
+@dataclass
+class Request:
+    """One request of a claim: the class and selectors its devices must pass, and how many."""
+
+    name: str
+    device_class: str
+    count: int
+    tests: list[str] = field(default_factory=list)  # CEL clauses to evaluate
+
+
+@dataclass
+class NodeFit:
+    """A node's free devices per request, and whether the claim fits there."""
+
+    node: str
+    free: dict[str, int]  # request -> free devices that pass its tests
+    total: dict[str, int]  # request -> devices that pass its tests, free or not
+    fits: bool
+    why: str
+
+
+def requests_of(spec: Obj, classes: dict[str, Obj]) -> tuple[list[Request], list[str]]:
+    """The claim spec's requests (a firstAvailable request by its first choice), and the CEL
+    nicop could not evaluate."""
+    out, unknown = [], []
+    for request in (spec.get("devices") or {}).get("requests") or []:
+        choice: Obj = request.get("exactly") or next(iter(request.get("firstAvailable") or []),
+                                                     {})
+        class_name = choice.get("deviceClassName", "")
+        count = 0 if choice.get("allocationMode") == "All" else int(choice.get("count", 1))
+        tests = []
+        for selector in ((classes.get(class_name) or {}).get("spec") or {}).get(
+                "selectors") or []:
+            tests += _clauses(selector)
+        for selector in choice.get("selectors") or []:
+            tests += _clauses(selector)
+        unknown += [t for t in tests if _evaluate(t, {}, "") is None]
+        out.append(Request(request["name"], class_name, count, tests))
+    return out, unknown
+
+
+def _clauses(selector: Obj) -> list[str]:
+    expression = " ".join(str((selector.get("cel") or {}).get("expression", "")).split())
+    return [c.strip().strip("()").strip() for c in expression.split("&&") if c.strip()]
+
+
+def _evaluate(clause: str, device: Obj, driver: str) -> bool | None:
+    """True/False for the clauses understood, None otherwise."""
+    if m := _DRIVER.match(clause):
+        return driver == m.group(1)
+    m = _ATTRIBUTE.match(clause) or _BARE.match(clause)
+    if not m:
+        return None
+    value = _attribute(device, driver, m.group(1), m.group(2))
+    if m.re is _BARE:
+        return value is True
+    wanted = m.group(3)
+    literal: Any = wanted.strip('"') if wanted.startswith('"') else (
+        wanted == "true" if wanted in ("true", "false") else int(wanted))
+    return bool(value == literal)
+
+
+def _attribute(device: Obj, driver: str, domain: str, name: str) -> Any:
+    attributes = device.get("attributes") or {}
+    typed = attributes.get(f"{domain}/{name}") or (attributes.get(name) if domain == driver
+                                                   else None)
+    if not typed:
+        return None
+    return next(iter(typed.values()))
+
+
+def _passes(request: Request, device: Obj, driver: str) -> bool:
+    return all(_evaluate(t, device, driver) is not False for t in request.tests)
+
+
+def allocated(claims: Iterable[Obj]) -> set[tuple[str, str, str]]:
+    """(driver, pool, device) of every device some claim holds."""
+    taken = set()
+    for claim in claims:
+        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
+                   ).get("results") or []
+        taken |= {(r.get("driver", ""), r.get("pool", ""), r.get("device", "")) for r in results}
+    return taken
+
+
+def node_devices(slices: Iterable[Obj]) -> dict[str, list[tuple[str, str, Obj]]]:
+    """node -> (driver, pool, device) from the newest generation of each node-local pool."""
+    newest: dict[tuple[str, str], int] = {}
+    slices = list(slices)
+    for s in slices:
+        spec = s.get("spec") or {}
+        key = (spec.get("driver", ""), (spec.get("pool") or {}).get("name", ""))
+        newest[key] = max(newest.get(key, 0), int((spec.get("pool") or {}).get("generation", 0)))
+    out: dict[str, list[tuple[str, str, Obj]]] = defaultdict(list)
+    for s in slices:
+        spec = s.get("spec") or {}
+        pool = spec.get("pool") or {}
+        key = (spec.get("driver", ""), pool.get("name", ""))
+        if not spec.get("nodeName") or int(pool.get("generation", 0)) != newest[key]:
+            continue
+        out[spec["nodeName"]] += [(key[0], key[1], d) for d in spec.get("devices") or []]
+    return out
+
+
+def fits(spec: Obj, classes: dict[str, Obj], slices: Iterable[Obj],
+         claims: Iterable[Obj]) -> tuple[list[Request], list[NodeFit], list[str]]:
+    """Each node's free devices for the claim's requests and whether all of them (and the
+    claim's matchAttribute constraints) can be met there; and the CEL not evaluated."""
+    requests, unknown = requests_of(spec, classes)
+    taken = allocated(claims)
+    constraints = [c for c in (spec.get("devices") or {}).get("constraints") or []
+                   if c.get("matchAttribute")]
+    result = []
+    for node, devices in sorted(node_devices(slices).items()):
+        matching = {r.name: [(drv, d) for drv, pool, d in devices if _passes(r, d, drv)]
+                    for r in requests}
+        free = {r.name: [(drv, d) for drv, pool, d in devices if _passes(r, d, drv)
+                         and (drv, pool, d["name"]) not in taken] for r in requests}
+        short = [r for r in requests if len(free[r.name]) < max(r.count, 1)]
+        why = ""
+        if short:
+            why = "; ".join(f"{r.name}: {len(free[r.name])} free of {len(matching[r.name])} "
+                            f"{r.device_class}, {max(r.count, 1)} wanted" for r in short)
+        else:
+            why = _constraint_problem(constraints, requests, free)
+        result.append(NodeFit(node, {k: len(v) for k, v in free.items()},
+                              {k: len(v) for k, v in matching.items()}, not why, why))
+    return requests, result, unknown
+
+
+def _constraint_problem(constraints: list[Obj], requests: list[Request],
+                        free: dict[str, list[tuple[str, Obj]]]) -> str:
+    """Why no value of a matchAttribute gives every request of the constraint enough devices."""
+    for constraint in constraints:
+        attribute = constraint["matchAttribute"]
+        domain, _, name = attribute.rpartition("/")
+        names = constraint.get("requests") or [r.name for r in requests]
+        wanted = {r.name: max(r.count, 1) for r in requests if r.name in names}
+        counts: dict[Any, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        for request in wanted:
+            for driver, device in free[request]:
+                value = _attribute(device, driver, domain, name)
+                if value is not None:
+                    counts[value][request] += 1
+        if not any(all(by_request[r] >= n for r, n in wanted.items())
+                   for by_request in counts.values()):
+            return (f"no {attribute} value has free devices for all of "
+                    f"{', '.join(sorted(wanted))}")
+    return ""

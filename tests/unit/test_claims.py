@@ -1,0 +1,113 @@
+"""Why a DRA claim is not allocated, from the scheduler's own inputs: the claim of
+examples/dra/, the DeviceClasses, the simulated DGX's slices and the devices claims hold."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from nicop import claims
+from nicop.api import dra
+from nicop.node import discovery
+from nicop.node.dra.devices import node_devices
+from nicop.node.dra.slices import build_slices
+from nicop.sim import gpu_dra
+from nicop.sim.hardware import SimulatedHost
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "dra"
+NODE = "node-1"
+
+
+@pytest.fixture(scope="module")
+def dgx() -> Iterator[SimulatedHost]:
+    root = Path(tempfile.mkdtemp(prefix="dgx-", dir="/tmp"))
+    yield SimulatedHost.build(root, "dgx", seed=1)
+    shutil.rmtree(root)
+
+
+def template_spec(name: str) -> dict[str, Any]:
+    return dict(next(yaml.safe_load_all((EXAMPLES / name).read_text()))["spec"]["spec"])
+
+
+def classes() -> dict[str, dict[str, Any]]:
+    return {c["metadata"]["name"]: c for c in [*dra.device_classes(),
+                                              gpu_dra.gpu_device_class()]}
+
+
+def slices(host: SimulatedHost) -> list[dict[str, Any]]:
+    nics = [d.to_api() for d in node_devices(discovery.scan(host), host)]
+    return [*build_slices(dra.DRIVER, NODE, nics, 1),
+            *build_slices(gpu_dra.GPU_DRIVER, NODE, gpu_dra.gpu_devices(host), 1)]
+
+
+def holding(*devices: tuple[str, str]) -> dict[str, Any]:
+    """A claim allocated these (driver, device) on NODE."""
+    return {"status": {"allocation": {"devices": {"results": [
+        {"request": f"r{i}", "driver": driver, "pool": NODE, "device": device}
+        for i, (driver, device) in enumerate(devices)]}}}}
+
+
+def roots(host: SimulatedHost) -> tuple[dict[str, str], dict[str, str]]:
+    """PCIe root -> GPU and PCIe root -> NIC device name."""
+    gpus = {d["attributes"][dra.PCIE_ROOT]["string"]: d["name"] for d in gpu_dra.gpu_devices(host)}
+    nics = {d.attributes[dra.PCIE_ROOT]["string"]: d.name
+            for d in node_devices(discovery.scan(host), host)}
+    return gpus, nics
+
+
+def test_a_free_dgx_fits_a_gpu_and_nic_pair(dgx: SimulatedHost) -> None:
+    requests, [node], unknown = claims.fits(template_spec("gpu-and-nic.yaml"), classes(),
+                                            slices(dgx), [])
+    assert [(r.name, r.device_class) for r in requests] == [
+        ("gpu", gpu_dra.GPU_CLASS), ("nic", dra.PF_CLASS)]
+    assert (node.node, node.fits, node.free) == (NODE, True, {"gpu": 8, "nic": 8})
+    assert unknown == []
+
+
+def test_every_pair_taken_says_how_many_are_free_of_how_many(dgx: SimulatedHost) -> None:
+    gpus, nics = roots(dgx)
+    taken = [holding((gpu_dra.GPU_DRIVER, gpus[r]), (dra.DRIVER, nics[r])) for r in gpus]
+    _, [node], _ = claims.fits(template_spec("gpu-and-nic.yaml"), classes(), slices(dgx), taken)
+    assert not node.fits
+    assert node.why == (f"gpu: 0 free of 8 {gpu_dra.GPU_CLASS}, 1 wanted; "
+                        f"nic: 0 free of 8 {dra.PF_CLASS}, 1 wanted")
+
+
+def test_free_gpus_and_nics_on_different_roots_break_the_constraint(dgx: SimulatedHost) -> None:
+    """Four GPUs and the NICs of the four other roots are taken: four of each are free, but
+    no free GPU shares a root with a free NIC."""
+    gpus, nics = roots(dgx)
+    ordered = sorted(gpus)
+    taken = [holding(*[(gpu_dra.GPU_DRIVER, gpus[r]) for r in ordered[:4]],
+                     *[(dra.DRIVER, nics[r]) for r in ordered[4:]])]
+    _, [node], _ = claims.fits(template_spec("gpu-and-nic.yaml"), classes(), slices(dgx), taken)
+    assert node.free == {"gpu": 4, "nic": 4}
+    assert not node.fits
+    assert node.why == f"no {dra.PCIE_ROOT} value has free devices for all of gpu, nic"
+
+
+def test_class_and_claim_selectors_are_evaluated(dgx: SimulatedHost) -> None:
+    """The VF class selects no PF; the claim's linkType/linkUp test is understood."""
+    _, [node], unknown = claims.fits(template_spec("two-ib-vfs.yaml"), classes(),
+                                     slices(dgx), [])
+    assert unknown == []
+    assert node.total == {"vfs": 0} and not node.fits
+    assert node.why == f"vfs: 0 free of 0 {dra.VF_CLASS}, 2 wanted"
+    _, [nic], _ = claims.fits(template_spec("one-ib-nic.yaml"), classes(), slices(dgx), [])
+    assert nic.total == {"nic": 4}  # the DGX's NICs on NUMA node 0
+
+
+def test_cel_it_cannot_evaluate_is_named_and_not_held_against_a_device(dgx: SimulatedHost) -> None:
+    spec = {"devices": {"requests": [{"name": "nic", "exactly": {
+        "deviceClassName": dra.PF_CLASS,
+        "selectors": [{"cel": {"expression": 'device.attributes["rdma.nicop.io"].numaNode > 0'}}],
+    }}]}}
+    _, [node], unknown = claims.fits(spec, classes(), slices(dgx), [])
+    assert unknown == ['device.attributes["rdma.nicop.io"].numaNode > 0']
+    assert node.total == {"nic": 8}
