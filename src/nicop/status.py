@@ -27,6 +27,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from nicop import claims
 from nicop.api import labels as ofed
 from nicop.api import nodes as node_rules
 from nicop.api import upgrade
@@ -49,6 +50,8 @@ from nicop.kube.resources import (
     NETWORK_ATTACHMENT_DEFINITION,
     NODE,
     POD,
+    RESOURCE_CLAIM,
+    RESOURCE_SLICE,
     SRIOV_NODE_STATE,
     Obj,
 )
@@ -125,6 +128,8 @@ async def collect(client: ApiClient, namespace: str, *, nads: bool = False,
         _list(client, IPPOOL, namespace, errors),
         _list(client, CIDRPOOL, namespace, errors),
         _list(client, NODE_FEATURE, None, errors),
+        _list(client, RESOURCE_SLICE, None, errors),
+        _list(client, RESOURCE_CLAIM, None, errors),
     ]
     if nads:
         reads.append(_list(client, NETWORK_ATTACHMENT_DEFINITION, None, errors))
@@ -144,9 +149,11 @@ async def collect(client: ApiClient, namespace: str, *, nads: bool = False,
         "ipPools": results[5],
         "cidrPools": results[6],
         "nodeFeatures": results[7],
+        "resourceSlices": results[8],
+        "resourceClaims": results[9],
         "errors": errors,
     }
-    extra = iter(results[8:])
+    extra = iter(results[10:])
     if nads:
         snap["nads"] = next(extra)
     if graph:
@@ -581,7 +588,20 @@ def _node(snap: Snapshot, node: Obj, expected: list[str]) -> Obj:
         "mofedWait": labels.get(MOFED_WAIT_LABEL),
         "resources": node_resources(snap, node, expected if managed else ()),
         "sriov": sriov_of(node_state_of(snap, name)),
+        "draDevices": dra_devices(snap, name),
     }
+
+
+def dra_devices(snap: Snapshot, node: str) -> list[Obj]:
+    """The node's DRA devices per driver (newest pool generation) and how many claims hold."""
+    taken = claims.allocated(snap.get("resourceClaims") or [])
+    counts: dict[str, list[int]] = {}
+    for driver, pool, device in claims.node_devices(snap.get("resourceSlices") or []).get(
+            node, []):
+        count = counts.setdefault(driver, [0, 0])
+        count[0] += 1
+        count[1] += (driver, pool, device["name"]) in taken
+    return [{"driver": d, "devices": n, "allocated": a} for d, (n, a) in sorted(counts.items())]
 
 
 def _pools(snap: Snapshot) -> list[Obj]:
@@ -716,6 +736,8 @@ def _render_nodes(status: Obj) -> list[RenderableType]:
     out: list[RenderableType] = [Text(""), Text("Nodes", style="bold underline")]
     table = _table("node", "managed", "driver", "driver ready", "upgrade", "mofed.wait",
                    "resources (allocatable / in use)", "VFs", "SR-IOV sync")
+    if any(n["draDevices"] for n in status["nodes"]):
+        table.add_column("DRA devices (allocated / all)")
     notes = []
     for n in status["nodes"]:
         driver = n["driver"]
@@ -740,10 +762,13 @@ def _render_nodes(status: Obj) -> list[RenderableType]:
         else:
             managed = Text("no", style="dim")
         wait = n["mofedWait"] or "-"
-        table.add_row(n["name"] + ("" if n["ready"] else " (NotReady)"), managed, version,
-                      ready, n["upgradeState"] or "-",
-                      Text(wait, style="yellow") if wait == "true" else wait, resources, vfs,
-                      sync)
+        row = [n["name"] + ("" if n["ready"] else " (NotReady)"), managed, version, ready,
+               n["upgradeState"] or "-", Text(wait, style="yellow") if wait == "true" else wait,
+               resources, vfs, sync]
+        if len(table.columns) > len(row):
+            row.append(", ".join(f"{d['driver']} {d['allocated']}/{d['devices']}"
+                                 for d in n["draDevices"]) or "-")
+        table.add_row(*row)
         if n["unmanagedReason"]:
             notes.append(Text(n["unmanagedReason"], style="red"))
         if sriov and sriov["lastSyncError"]:

@@ -72,7 +72,7 @@ def test_eight_gpu_nic_pairs_on_a_dgx_share_their_pcie_root_and_a_ninth_waits(
 ) -> None:
     """8 pods each claim a GPU and a NIC on one PCIe root: all 8 are scheduled to the DGX, each
     pair on one root, no NIC or GPU twice; the 9th stays Pending, unschedulable, and `nicop
-    diagnose pod` says that no GPU or NIC of the DGX is free."""
+    diagnose pod` says that no GPU or NIC of the DGX is free; `nicop status` counts them."""
     host = SimulatedHost.build(root, "dgx", seed=1)
     roots = {d["name"]: d["attributes"][dra.PCIE_ROOT]["string"]
              for d in gpu_dra.gpu_devices(host)}
@@ -156,6 +156,15 @@ def test_eight_gpu_nic_pairs_on_a_dgx_share_their_pcie_root_and_a_ninth_waits(
             assert done.returncode == 1, done.stdout + done.stderr
             assert f"node {NODE}: gpu: 0 free of 8 gpu.nvidia.com" in said, said
             assert "nic: 0 free of 8 rdma.nicop.io" in said, said
+            # nicop status counts the node's DRA devices, allocated and all.
+            shown = await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-m", "nicop", "status", "-o", "json",
+                                 "--kubeconfig", str(kubeconfig)],
+                capture_output=True, text=True, timeout=120, check=False)
+            [node] = [n for n in json.loads(shown.stdout)["nodes"] if n["name"] == NODE]
+            assert node["draDevices"] == [
+                {"driver": gpu_dra.GPU_DRIVER, "devices": PAIRS, "allocated": PAIRS},
+                {"driver": dra.DRIVER, "devices": PAIRS, "allocated": PAIRS}]
             # The third example's CEL compiles where the API server checks it.
             await client.create(example("one-ib-nic.yaml", namespace)[0], res=CLAIM_TEMPLATE)
         finally:

@@ -111,3 +111,25 @@ def test_cel_it_cannot_evaluate_is_named_and_not_held_against_a_device(dgx: Simu
     _, [node], unknown = claims.fits(spec, classes(), slices(dgx), [])
     assert unknown == ['device.attributes["rdma.nicop.io"].numaNode > 0']
     assert node.total == {"nic": 8}
+
+
+def test_status_counts_a_nodes_devices_of_the_newest_generation_and_those_held(
+        dgx: SimulatedHost) -> None:
+    """`nicop status` per node: devices per driver, an older generation of the pool ignored."""
+    from nicop.status import dra_devices
+
+    gpus, nics = roots(dgx)
+    old = build_slices(dra.DRIVER, NODE, [{"name": "pf-gone", "attributes": {}}], 1)
+    for s in old:
+        s["metadata"]["name"] += "-old"
+    newer = [s for s in slices(dgx) if s["spec"]["driver"] == dra.DRIVER]
+    for s in newer:
+        s["spec"]["pool"]["generation"] = 2
+    gpu_slices = [s for s in slices(dgx) if s["spec"]["driver"] == gpu_dra.GPU_DRIVER]
+    root = sorted(gpus)[0]
+    snap = {"resourceSlices": [*old, *newer, *gpu_slices],
+            "resourceClaims": [holding((gpu_dra.GPU_DRIVER, gpus[root]), (dra.DRIVER, nics[root]))]}
+    assert dra_devices(snap, NODE) == [
+        {"driver": gpu_dra.GPU_DRIVER, "devices": 8, "allocated": 1},
+        {"driver": dra.DRIVER, "devices": 8, "allocated": 1}]
+    assert dra_devices(snap, "node-2") == []
