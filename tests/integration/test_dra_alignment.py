@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -261,3 +262,46 @@ def test_vfs_are_claimable_once_created_and_leave_the_slice_when_their_pf_link_g
             await client.close()
 
     asyncio.run(main())
+
+
+def test_the_dra_plugin_process_publishes_the_nodes_devices_and_withdraws_them_on_sigterm(
+    kubeconfig: Path, root: Path
+) -> None:
+    """`nicop dra-plugin` on a simulated DGX: the NICs (rdma.nicop.io) and the simulated GPUs
+    (gpu.nvidia.com) appear as the node's slices; SIGTERM takes them away and exits 0."""
+    SimulatedHost.build(root, "dgx", seed=1)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nicop", "dra-plugin", "--node-name", NODE, "--sim-root",
+         str(root), "--kubeconfig", str(kubeconfig), "--poll-interval", "0.5"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    async def devices() -> dict[str, int]:
+        client = ApiClient(kubeconfig)
+        try:
+            slices, _ = await client.list(RESOURCE_SLICE, field_selector=f"spec.nodeName={NODE}")
+        finally:
+            await client.close()
+        counts: dict[str, int] = {}
+        for s in slices:
+            counts[s["spec"]["driver"]] = counts.get(s["spec"]["driver"], 0) + len(
+                s["spec"].get("devices") or [])
+        return counts
+
+    async def main() -> None:
+        async def published() -> bool:
+            return await devices() == {dra.DRIVER: PAIRS, gpu_dra.GPU_DRIVER: PAIRS}
+        await until(published, 60, "the plugin's slices")
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 30) == 0, proc.stdout.read() if proc.stdout \
+            else ""
+
+        async def withdrawn() -> bool:
+            return await devices() == {}
+        await until(withdrawn, 10, "the slices to be withdrawn")
+
+    try:
+        asyncio.run(main())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

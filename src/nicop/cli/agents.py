@@ -244,6 +244,60 @@ def sriov_config_daemon(
     run_agent(main, log_format, metrics_port=metrics_port)
 
 
+@app.command("dra-plugin")
+def dra_plugin(
+    node_name: NodeName = "",
+    kubeconfig: Kubeconfig = None,
+    host_root: HostRoot = Path("/"),
+    sim_root: SimRoot = None,
+    poll_interval: PollInterval = 1.0,
+    log_format: LogFormat = "text",
+    metrics_port: MetricsPort = 0,
+) -> None:
+    """Publish this node's RDMA NICs and VFs as DRA devices (driver rdma.nicop.io): one
+    ResourceSlice pool per node, rescanned as the device plugins do; removed when it stops.
+    On a simulated node (--sim-root) the node's simulated GPUs are published too, as the NVIDIA
+    GPU DRA driver (gpu.nvidia.com) would, so GPU-NIC claims can be tried.
+
+    Example: nicop dra-plugin --node-name node-1 --kubeconfig ~/.kube/config
+    """
+    import asyncio
+
+    from nicop.api import dra
+    from nicop.kube.client import ApiClient
+    from nicop.node import discovery
+    from nicop.node.dra.devices import node_devices
+    from nicop.node.dra.publisher import Devices, SlicePublisher
+    from nicop.node.host import Host
+
+    if not node_name:
+        raise fail("the node's name is needed: set NODE_NAME or --node-name")
+    host: Host = Host.in_container(host_root)
+    sources: dict[str, Devices] = {}
+    if sim_root is not None:
+        from nicop.sim import gpu_dra
+        from nicop.sim.hardware import SimulatedHost
+
+        sim = SimulatedHost(sim_root)
+        host = sim
+        sources[gpu_dra.GPU_DRIVER] = lambda: gpu_dra.gpu_devices(sim)
+    sources[dra.DRIVER] = lambda: [d.to_api() for d in node_devices(discovery.scan(host), host)]
+
+    async def main(stop: asyncio.Event) -> None:
+        client = ApiClient(kubeconfig)
+        publishers = [SlicePublisher(client, driver, node_name, devices,
+                                     interval=poll_interval)
+                      for driver, devices in sources.items()]
+        try:
+            await asyncio.gather(*(p.run(stop) for p in publishers))
+        finally:
+            for publisher in publishers:
+                await publisher.withdraw()
+            await client.close()
+
+    run_agent(main, log_format, metrics_port=metrics_port)
+
+
 # --- CNI plugins: the node daemon and the installer of the plugin executables -----------------
 
 CniSocket = Annotated[
