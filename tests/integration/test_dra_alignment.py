@@ -91,7 +91,8 @@ def test_eight_gpu_nic_pairs_on_a_dgx_share_their_pcie_root_and_a_ninth_waits(
                            lambda: gpu_dra.gpu_devices(host), interval=0.5),
         ]
         tasks = [asyncio.create_task(p.run(stop)) for p in publishers]
-        classes = [*dra.device_classes(), gpu_dra.gpu_device_class()]
+        classes = [*yaml.safe_load_all((EXAMPLES / "deviceclasses.yaml").read_text()),
+                   gpu_dra.gpu_device_class()]  # as a user applies them
         try:
             for obj in classes:
                 await client.apply(obj, res=DEVICE_CLASS)

@@ -133,3 +133,9 @@ def test_status_counts_a_nodes_devices_of_the_newest_generation_and_those_held(
         {"driver": gpu_dra.GPU_DRIVER, "devices": 8, "allocated": 1},
         {"driver": dra.DRIVER, "devices": 8, "allocated": 1}]
     assert dra_devices(snap, "node-2") == []
+
+
+def test_the_deviceclasses_file_users_apply_is_the_drivers() -> None:
+    """examples/dra/deviceclasses.yaml is what nicop.api.dra defines."""
+    assert list(yaml.safe_load_all((EXAMPLES / "deviceclasses.yaml").read_text())) == \
+        dra.device_classes()
