@@ -34,7 +34,7 @@ lint: $(INSTALLED)
 clean-cluster: $(INSTALLED)
 	$(VENV)/bin/nicop cluster down
 
-# Regenerates the kubelet device plugin gRPC code from src/nicop/node/deviceplugin/api.proto.
+# Regenerates the gRPC code of the kubelet APIs (device plugin, DRA plugin, plugin registration).
 proto: $(INSTALLED)
 	$(PY) -m nicop.node.deviceplugin.protogen
 

@@ -10,9 +10,8 @@ from nicop.node.deviceplugin import protogen
 
 def test_generated_modules_are_up_to_date(tmp_path: Path) -> None:
     fresh = protogen.generate(tmp_path)
-    stale = [name for name, text in fresh.items()
-             if (protogen.PACKAGE_DIR / name).read_text() != text]
-    assert not stale, (f"{', '.join(stale)} differ from api.proto; "
+    stale = [path.name for path, text in fresh.items() if path.read_text() != text]
+    assert not stale, (f"{', '.join(stale)} differ from their .proto; "
                        "run `python -m nicop.node.deviceplugin.protogen`")
 
 
