@@ -306,3 +306,135 @@ def test_the_dra_plugin_process_publishes_the_nodes_devices_and_withdraws_them_o
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_kubelet_plugin_prepares_a_claims_vfs_as_cdi_devices_and_survives_a_restart(
+    kubeconfig: Path, namespace: str, root: Path
+) -> None:
+    """The test plays the kubelet: it finds the plugin's registration socket, takes its info,
+    and calls NodePrepareResources for the allocated 2-VF claim of examples/dra/two-ib-vfs.yaml.
+    The CDI spec names each VF's /dev/infiniband nodes and rdma_cm, the PCI addresses in
+    PCIDEVICE_RDMA_NICOP_IO_VFS and the VF netdevs; a second call answers the same; a restarted
+    plugin still knows the claim from its checkpoint after the claim left the API, and
+    unprepares it, removing the spec."""
+    import grpc.aio
+
+    from nicop.node.dra import dra_pb2 as pb
+    from nicop.node.dra import dra_pb2_grpc, registration_pb2_grpc
+    from nicop.node.dra import registration_pb2 as reg
+    from nicop.node.dra.plugin import DraPlugin
+
+    host = SimulatedHost.build(root, "dgx", seed=1)
+    host.set_numvfs("ibp24s0", 4)
+
+    async def main() -> None:
+        client = ApiClient(kubeconfig)
+        stop = asyncio.Event()
+        publisher = SlicePublisher(
+            client, dra.DRIVER, NODE,
+            lambda: [d.to_api() for d in node_devices(discovery.scan(host), host)], interval=0.5)
+        task = asyncio.create_task(publisher.run(stop))
+        plugin = DraPlugin(client, NODE, host)
+        await plugin.start()
+        try:
+            for obj in dra.device_classes():
+                await client.apply(obj, res=DEVICE_CLASS)
+            template, user = example("two-ib-vfs.yaml", namespace)
+            await client.create(template, res=CLAIM_TEMPLATE)
+            assert user is not None
+            await client.create(user)
+
+            async def allocated() -> dict[str, Any] | None:
+                pod = await client.get(POD, "vf-user", namespace)
+                statuses = (pod.get("status") or {}).get("resourceClaimStatuses") or []
+                if not pod["spec"].get("nodeName") or not statuses:
+                    return None
+                claim = await client.get(CLAIM, statuses[0]["resourceClaimName"], namespace)
+                return claim if (claim.get("status") or {}).get("allocation") else None
+
+            async def is_allocated() -> bool:
+                return await allocated() is not None
+            await until(is_allocated, 60, "the claim to be allocated")
+            claim = await allocated()
+            assert claim is not None
+            meta = claim["metadata"]
+            request = pb.NodePrepareResourcesRequest(claims=[pb.Claim(
+                namespace=meta["namespace"], uid=meta["uid"], name=meta["name"])])
+
+            # Registration, as the kubelet's plugin watcher does it.
+            async with grpc.aio.insecure_channel(
+                    f"unix://{host.path(plugin.registration)}") as channel:
+                registration = registration_pb2_grpc.RegistrationStub(channel)
+                info = await registration.GetInfo(reg.InfoRequest())
+                assert (info.type, info.name, list(info.supported_versions)) == (
+                    "DRAPlugin", dra.DRIVER, ["v1.DRAPlugin"])
+                assert info.endpoint == f"/var/lib/kubelet/plugins/{dra.DRIVER}/dra.sock"
+                await registration.NotifyRegistrationStatus(
+                    reg.RegistrationStatus(plugin_registered=True))
+            assert plugin.registered is True
+
+            async def prepare(plugin_endpoint: str) -> pb.NodePrepareResourceResponse:
+                async with grpc.aio.insecure_channel(
+                        f"unix://{host.path(plugin_endpoint)}") as channel:
+                    answer = await dra_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
+                        request)
+                return answer.claims[meta["uid"]]
+
+            first = await prepare(info.endpoint)
+            assert first.error == ""
+            taken = sorted(r["device"] for r in claim["status"]["allocation"]["devices"]["results"])
+            assert sorted(d.device_name for d in first.devices) == taken
+            spec_path = host.path(f"/var/run/cdi/{dra.DRIVER}-{meta['uid']}.json")
+            spec = json.loads(spec_path.read_text())
+            assert spec["kind"] == f"{dra.DRIVER}/device"
+            ids = {i for d in first.devices for i in d.cdi_device_ids}
+            assert ids == {f"{spec['kind']}={d['name']}" for d in spec["devices"]}
+            inventory = discovery.scan(host)
+            by_name = {d.name: d for d in node_devices(inventory, host)}
+            addresses = sorted(by_name[name].attributes[dra.PCI_ADDRESS]["string"]
+                               for name in taken)
+            for device in spec["devices"]:
+                edits = device["containerEdits"]
+                name = device["name"].removeprefix(f"{meta['uid']}-")
+                fn = inventory.functions[by_name[name].attributes[dra.PCI_ADDRESS]["string"]]
+                nodes = {n["path"] for n in edits["deviceNodes"]}
+                assert nodes == {*(p for r in fn.rdma for p in r.char_devices),
+                                 "/dev/infiniband/rdma_cm"}
+                assert any(p.startswith("/dev/infiniband/uverbs") for p in nodes)
+                [env] = edits["env"]
+                assert env == f"PCIDEVICE_RDMA_NICOP_IO_VFS={','.join(addresses)}"
+                assert edits["netDevices"] == [{"hostInterfaceName": fn.netdev.name,
+                                                "name": fn.netdev.name}]
+
+            assert await prepare(info.endpoint) == first  # idempotent
+
+            await plugin.stop()  # a restart: a new process, the same node
+            await client.delete(POD, "vf-user", namespace, grace_seconds=0)
+
+            async def claim_gone() -> bool:
+                return await client.get_or_none(CLAIM, meta["name"], namespace) is None
+            await until(claim_gone, 60, "the pod's claim to be deleted with it")
+            plugin = DraPlugin(client, NODE, host)
+            await plugin.start()
+            # The API no longer has the claim: the answer comes from the checkpoint.
+            assert await prepare(info.endpoint) == first
+            async with grpc.aio.insecure_channel(
+                    f"unix://{host.path(info.endpoint)}") as channel:
+                stub = dra_pb2_grpc.DRAPluginStub(channel)
+                undo = pb.NodeUnprepareResourcesRequest(claims=request.claims)
+                for _ in range(2):  # idempotent too
+                    answer = await stub.NodeUnprepareResources(undo)
+                    assert answer.claims[meta["uid"]].error == ""
+            assert not spec_path.exists()
+        finally:
+            await client.delete(POD, "vf-user", namespace, grace_seconds=0)
+            await client.delete(CLAIM_TEMPLATE, "two-ib-vfs", namespace)
+            await plugin.stop()
+            stop.set()
+            await task
+            await publisher.withdraw()
+            for obj in dra.device_classes():
+                await client.delete(DEVICE_CLASS, obj["metadata"]["name"])
+            await client.close()
+
+    asyncio.run(main())

@@ -256,8 +256,10 @@ def dra_plugin(
 ) -> None:
     """Publish this node's RDMA NICs and VFs as DRA devices (driver rdma.nicop.io): one
     ResourceSlice pool per node, rescanned as the device plugins do; removed when it stops.
-    On a simulated node (--sim-root) the node's simulated GPUs are published too, as the NVIDIA
-    GPU DRA driver (gpu.nvidia.com) would, so GPU-NIC claims can be tried.
+    Serves the kubelet's DRA plugin API (registration in /var/lib/kubelet/plugins_registry),
+    preparing allocated claims as CDI specs in /var/run/cdi. On a simulated node (--sim-root)
+    the node's simulated GPUs are published too, as the NVIDIA GPU DRA driver (gpu.nvidia.com)
+    would, so GPU-NIC claims can be tried.
 
     Example: nicop dra-plugin --node-name node-1 --kubeconfig ~/.kube/config
     """
@@ -267,6 +269,7 @@ def dra_plugin(
     from nicop.kube.client import ApiClient
     from nicop.node import discovery
     from nicop.node.dra.devices import node_devices
+    from nicop.node.dra.plugin import DraPlugin
     from nicop.node.dra.publisher import Devices, SlicePublisher
     from nicop.node.host import Host
 
@@ -288,9 +291,12 @@ def dra_plugin(
         publishers = [SlicePublisher(client, driver, node_name, devices,
                                      interval=poll_interval)
                       for driver, devices in sources.items()]
+        plugin = DraPlugin(client, node_name, host)
+        await plugin.start()
         try:
             await asyncio.gather(*(p.run(stop) for p in publishers))
         finally:
+            await plugin.stop()
             for publisher in publishers:
                 await publisher.withdraw()
             await client.close()

@@ -1,0 +1,243 @@
+"""The kubelet side of the DRA driver: registration, and NodePrepareResources /
+NodeUnprepareResources for the claims of pods on this node.
+
+Prepare reads the claim's allocation from the API, takes the results of this driver on this
+node's pool, and writes one CDI spec file per claim into the runtime's CDI directory: per device,
+its `/dev/infiniband` nodes and rdma_cm, the environment the SR-IOV device plugin gives
+(`PCIDEVICE_<DRIVER>_<REQUEST>` = the request's PCI addresses) and, for a VF, its netdev (moved
+into the pod's network namespace by CDI-aware runtimes). The kubelet passes the returned CDI
+IDs to the runtime.
+
+What was prepared is kept in a checkpoint file beside the sockets, so a repeated call answers
+the same without reading the API, and a restarted plugin still knows what to undo.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from nicop.api import dra
+from nicop.kube.client import ApiClient, ApiError
+from nicop.kube.resources import RESOURCE_CLAIM
+from nicop.node import discovery
+from nicop.node.dra import dra_pb2 as pb
+from nicop.node.dra import registration_pb2 as reg
+from nicop.node.dra.devices import device_name
+from nicop.node.host import Host
+
+log = logging.getLogger(__name__)
+
+PLUGINS_DIR = "/var/lib/kubelet/plugins"
+REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+CDI_DIR = "/var/run/cdi"
+CDI_VERSION = "1.1.0"  # the first with netDevices
+CDI_KIND = f"{dra.DRIVER}/device"
+SUPPORTED_VERSIONS = ["v1.DRAPlugin"]
+DRA_SERVICE = "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
+
+
+def env_name(request: str) -> str:
+    """PCIDEVICE_RDMA_NICOP_IO_<REQUEST>, as the SR-IOV device plugin names its variable."""
+    return "PCIDEVICE_" + "".join(c if c.isalnum() else "_" for c in
+                                  f"{dra.DRIVER}_{request}").upper()
+
+
+class DraPlugin:
+    """Serves the kubelet for driver rdma.nicop.io on `node_name`."""
+
+    def __init__(self, client: ApiClient, node_name: str, host: Host, *,
+                 plugins_dir: str = PLUGINS_DIR, registry_dir: str = REGISTRY_DIR,
+                 cdi_dir: str = CDI_DIR) -> None:
+        self.client = client
+        self.node_name = node_name
+        self.host = host
+        self.plugin_dir = f"{plugins_dir}/{dra.DRIVER}"
+        self.endpoint = f"{self.plugin_dir}/dra.sock"
+        self.registration = f"{registry_dir}/{dra.DRIVER}-reg.sock"
+        self.cdi_dir = cdi_dir
+        self.registered: bool | None = None
+        self._servers: list[aio.Server] = []
+        self._prepared: dict[str, Any] = self._load()
+
+    # ------------------------------------------------------------------ serving
+    async def start(self) -> None:
+        for path in (self.endpoint, self.registration):
+            real = self.host.path(path)
+            real.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                real.unlink()
+        self._servers = [
+            await self._serve(self.endpoint, DRA_SERVICE, {
+                "NodePrepareResources": (self.prepare, pb.NodePrepareResourcesRequest,
+                                         pb.NodePrepareResourcesResponse),
+                "NodeUnprepareResources": (self.unprepare, pb.NodeUnprepareResourcesRequest,
+                                           pb.NodeUnprepareResourcesResponse)}),
+            await self._serve(self.registration, "pluginregistration.Registration", {
+                "GetInfo": (self._info, reg.InfoRequest, reg.PluginInfo),
+                "NotifyRegistrationStatus": (self._status, reg.RegistrationStatus,
+                                             reg.RegistrationStatusResponse)}),
+        ]
+        log.info("%s: serving the kubelet on %s (registration %s)", dra.DRIVER, self.endpoint,
+                 self.registration)
+
+    async def _serve(self, path: str, service: str,
+                     methods: dict[str, tuple[Callable[..., Any], Any, Any]]) -> aio.Server:
+        server = aio.server()
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {
+            name: grpc.unary_unary_rpc_method_handler(
+                handler, request_deserializer=request.FromString,
+                response_serializer=response.SerializeToString)
+            for name, (handler, request, response) in methods.items()}),))
+        server.add_insecure_port(f"unix://{self.host.path(path)}")
+        await server.start()
+        return server
+
+    async def stop(self) -> None:
+        """Stop serving; the registration socket goes, so the kubelet forgets the plugin."""
+        for server in self._servers:
+            await server.stop(grace=None)
+        self._servers = []
+        with contextlib.suppress(FileNotFoundError):
+            self.host.path(self.registration).unlink()
+
+    async def _info(self, request: reg.InfoRequest, context: Any) -> reg.PluginInfo:
+        # The node's path: the kubelet dials it from the host, where it is the same.
+        return reg.PluginInfo(type="DRAPlugin", name=dra.DRIVER, endpoint=self.endpoint,
+                              supported_versions=SUPPORTED_VERSIONS)
+
+    async def _status(self, request: reg.RegistrationStatus,
+                      context: Any) -> reg.RegistrationStatusResponse:
+        self.registered = request.plugin_registered
+        if request.plugin_registered:
+            log.info("%s: registered with the kubelet", dra.DRIVER)
+        else:
+            log.error("%s: the kubelet refused the registration: %s", dra.DRIVER, request.error)
+        return reg.RegistrationStatusResponse()
+
+    # ------------------------------------------------------------------ prepare
+    async def prepare(self, request: pb.NodePrepareResourcesRequest,
+                      context: Any) -> pb.NodePrepareResourcesResponse:
+        answer = pb.NodePrepareResourcesResponse()
+        for claim in request.claims:
+            try:
+                devices = self._prepared.get(claim.uid, {}).get("devices")
+                if devices is None:
+                    devices = await self._prepare(claim)
+                answer.claims[claim.uid].devices.extend(pb.Device(**d) for d in devices)
+            except (ApiError, PrepareError) as e:
+                log.warning("%s: cannot prepare claim %s/%s: %s", dra.DRIVER, claim.namespace,
+                            claim.name, e)
+                answer.claims[claim.uid].error = str(e)
+        return answer
+
+    async def _prepare(self, claim: pb.Claim) -> list[dict[str, Any]]:
+        obj = await self.client.get(RESOURCE_CLAIM, claim.name, claim.namespace)
+        if obj["metadata"].get("uid") != claim.uid:
+            raise PrepareError(f"claim {claim.namespace}/{claim.name} is not {claim.uid} any "
+                               "more (deleted and created again)")
+        results = [r for r in (((obj.get("status") or {}).get("allocation") or {}).get(
+            "devices") or {}).get("results") or []
+            if r.get("driver") == dra.DRIVER and r.get("pool") == self.node_name]
+        inventory = discovery.scan(self.host)
+        by_name = {_device_name(fn): fn for fn in inventory.functions.values()}
+        pci: dict[str, list[str]] = {}
+        for result in results:
+            fn = by_name.get(result["device"])
+            if fn is None:
+                raise PrepareError(f"device {result['device']} of claim {claim.namespace}/"
+                                   f"{claim.name} is not on node {self.node_name} any more")
+            pci.setdefault(result["request"], []).append(fn.address)
+        spec_devices, answer = [], []
+        for result in results:
+            fn = by_name[result["device"]]
+            request = result["request"]
+            edits: dict[str, Any] = {
+                "env": [f"{env_name(request.split('/')[0])}={','.join(pci[request])}"],
+                "deviceNodes": [{"path": p, "hostPath": p, "permissions": "rw"}
+                                for p in _char_devices(fn, inventory)],
+            }
+            if fn.pf is not None and fn.netdev is not None:
+                edits["netDevices"] = [{"hostInterfaceName": fn.netdev.name,
+                                        "name": fn.netdev.name}]
+            name = f"{claim.uid}-{result['device']}"
+            spec_devices.append({"name": name, "containerEdits": edits})
+            answer.append({"request_names": [request], "pool_name": self.node_name,
+                           "device_name": result["device"],
+                           "cdi_device_ids": [f"{CDI_KIND}={name}"]})
+        if spec_devices:
+            self._write_spec(claim.uid, {"cdiVersion": CDI_VERSION, "kind": CDI_KIND,
+                                         "devices": spec_devices})
+        self._prepared[claim.uid] = {"namespace": claim.namespace, "name": claim.name,
+                                     "devices": answer}
+        self._save()
+        log.info("%s: prepared claim %s/%s: %s", dra.DRIVER, claim.namespace, claim.name,
+                 ", ".join(d["device_name"] for d in answer) or "no device of this driver")
+        return answer
+
+    async def unprepare(self, request: pb.NodeUnprepareResourcesRequest,
+                        context: Any) -> pb.NodeUnprepareResourcesResponse:
+        answer = pb.NodeUnprepareResourcesResponse()
+        for claim in request.claims:
+            with contextlib.suppress(FileNotFoundError):
+                self.host.path(self._spec_path(claim.uid)).unlink()
+            if self._prepared.pop(claim.uid, None) is not None:
+                self._save()
+                log.info("%s: unprepared claim %s/%s", dra.DRIVER, claim.namespace, claim.name)
+            answer.claims[claim.uid].error = ""
+        return answer
+
+    # ------------------------------------------------------------------ files
+    def _spec_path(self, uid: str) -> str:
+        return f"{self.cdi_dir}/{dra.DRIVER}-{uid}.json"
+
+    def _write_spec(self, uid: str, spec: dict[str, Any]) -> None:
+        _write_atomic(self.host.path(self._spec_path(uid)), json.dumps(spec, indent=1))
+
+    @property
+    def _checkpoint(self) -> Path:
+        return self.host.path(f"{self.plugin_dir}/checkpoint.json")
+
+    def _load(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self._checkpoint.read_text())
+        except FileNotFoundError:
+            return {}
+        except ValueError as e:  # a torn write cannot happen (atomic); a hand edit can
+            log.error("%s: checkpoint %s unreadable, starting empty: %s", dra.DRIVER,
+                      self._checkpoint, e)
+            return {}
+        return dict(data.get("claims") or {})
+
+    def _save(self) -> None:
+        _write_atomic(self._checkpoint, json.dumps({"claims": self._prepared}, indent=1))
+
+
+class PrepareError(Exception):
+    """A claim this node cannot prepare; the kubelet retries and reports it on the pod."""
+
+
+def _device_name(fn: discovery.PciFunction) -> str:
+    return device_name(dra.KIND_VF if fn.pf is not None else dra.KIND_PF, fn.address)
+
+
+def _char_devices(fn: discovery.PciFunction, inventory: discovery.Inventory) -> list[str]:
+    paths = [p for rdma in fn.rdma for p in rdma.char_devices]
+    if paths and inventory.rdma_cm:
+        paths.append(inventory.rdma_cm)
+    return paths
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
