@@ -28,6 +28,8 @@ from nicop.node import discovery
 from nicop.node.dra.devices import node_devices
 from nicop.node.dra.publisher import SlicePublisher
 from nicop.sim import gpu_dra
+from nicop.sim.cluster import LocalCluster
+from nicop.sim.dra_kubelet import ANNOTATION
 from nicop.sim.hardware import SimulatedHost
 
 NODE = "node-1"  # the DGX of the test cluster's layout
@@ -438,3 +440,75 @@ def test_the_kubelet_plugin_prepares_a_claims_vfs_as_cdi_devices_and_survives_a_
             await client.close()
 
     asyncio.run(main())
+
+
+def test_the_node_prepares_a_pods_claim_through_the_plugin_and_unprepares_it_when_it_goes(
+    kubeconfig: Path, namespace: str, cluster: LocalCluster
+) -> None:
+    """`nicop dra-plugin` on the DGX's node stand-in: the stand-in, as the kubelet, registers it,
+    and for a pod with the 2-VF claim calls NodePrepareResources and records the CDI devices on
+    the pod (what a runtime would inject); deleting the pod unprepares (the spec goes)."""
+    root = cluster.node_root(NODE)
+    host = SimulatedHost(root)
+    pf = "ibp24s0"
+    deadline = time.monotonic() + 60
+    # The stand-in builds the node's tree, boots its kernel, then starts its kubelet.
+    while not host.exists("/var/lib/kubelet/device-plugins/kubelet.sock"):
+        assert time.monotonic() < deadline, f"the stand-in of {NODE} did not start"
+        time.sleep(0.2)
+    host.set_numvfs(pf, 4)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nicop", "dra-plugin", "--node-name", NODE, "--sim-root",
+         str(root), "--kubeconfig", str(kubeconfig), "--poll-interval", "0.5"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    async def main() -> None:
+        client = ApiClient(kubeconfig)
+        try:
+            for obj in dra.device_classes():
+                await client.apply(obj, res=DEVICE_CLASS)
+            template, user = example("two-ib-vfs.yaml", namespace)
+            await client.create(template, res=CLAIM_TEMPLATE)
+            assert user is not None
+            await client.create(user)
+
+            async def recorded() -> dict[str, Any] | None:
+                pod = await client.get(POD, "vf-user", namespace)
+                text = (pod["metadata"].get("annotations") or {}).get(ANNOTATION)
+                return json.loads(text) if text else None
+
+            async def prepared() -> bool:
+                record = await recorded()
+                return bool(record and not record.get("error") and record["devices"]["vfs"])
+            await until(prepared, 60, "the node to prepare the pod's claim")
+            record = await recorded()
+            assert record is not None
+            [uid] = {i.split("=")[1][:36] for i in record["devices"]["vfs"]}
+            assert len(record["devices"]["vfs"]) == 2
+            assert all(i.startswith(f"{dra.DRIVER}/device={uid}-vf-")
+                       for i in record["devices"]["vfs"])
+            spec = host.path(f"/var/run/cdi/{dra.DRIVER}-{uid}.json")
+            assert spec.exists()
+
+            await client.delete(POD, "vf-user", namespace, grace_seconds=0)
+
+            async def unprepared() -> bool:
+                return not spec.exists()
+            await until(unprepared, 60, "the node to unprepare the claim of the deleted pod")
+        finally:
+            await client.delete(POD, "vf-user", namespace, grace_seconds=0)
+            await client.delete(CLAIM_TEMPLATE, "two-ib-vfs", namespace)
+            for obj in dra.device_classes():
+                await client.delete(DEVICE_CLASS, obj["metadata"]["name"])
+            await client.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        host.set_numvfs(pf, 0)

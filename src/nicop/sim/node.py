@@ -31,6 +31,7 @@ from nicop.kube.client import ApiClient, ApiError, load_config
 from nicop.kube.resources import NODE, Obj
 from nicop.node.host import Host
 from nicop.sim import hardware
+from nicop.sim.dra_kubelet import DraKubelet
 from nicop.sim.kernel import SimulatedKernel
 from nicop.sim.kubelet import Kubelet
 from nicop.sim.network import NodeNetwork
@@ -122,7 +123,8 @@ async def run(options: NodeOptions, stop: asyncio.Event) -> None:
             host_ip=node_address(options.node_name),
         )
         log.info("node %s (%s) stands in on %s", options.node_name, profile.name, options.root)
-        parts = [runner.run(stop, node)]
+        parts = [runner.run(stop, node),
+                 DraKubelet(client, options.node_name, Host(options.root), runner.pods).run(stop)]
         if options.netns:
             network = NodeNetwork(client, options.node_name, options.root, options.pods_dir,
                                   options.netns)
