@@ -7,6 +7,7 @@ k8s.io/dynamic-resource-allocation) gets the NIC behind its GPU's PCIe root."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import signal
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,52 @@ def pod_named(pod: dict[str, Any] | None, name: str) -> dict[str, Any]:
     return copy
 
 
+def nic_devices(host: SimulatedHost) -> Callable[[], list[dict[str, Any]]]:
+    """What nicop's driver publishes for the node, read again at each call."""
+    return lambda: [d.to_api() for d in node_devices(discovery.scan(host), host)]
+
+
+@contextlib.asynccontextmanager
+async def device_classes(client: ApiClient,
+                         classes: list[dict[str, Any]] | None = None) -> AsyncIterator[None]:
+    classes = classes or dra.device_classes()
+    for obj in classes:
+        await client.apply(obj, res=DEVICE_CLASS)
+    try:
+        yield
+    finally:
+        for obj in classes:
+            await client.delete(DEVICE_CLASS, obj["metadata"]["name"])
+
+
+@contextlib.asynccontextmanager
+async def publishing(*publishers: SlicePublisher) -> AsyncIterator[None]:
+    """The publishers run; afterwards their slices are withdrawn."""
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(p.run(stop)) for p in publishers]
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+        for publisher in publishers:
+            await publisher.withdraw()
+
+
+@contextlib.asynccontextmanager
+async def vf_user(client: ApiClient, namespace: str) -> AsyncIterator[None]:
+    """The claim template and the pod of examples/dra/two-ib-vfs.yaml (pod `vf-user`)."""
+    template, user = example("two-ib-vfs.yaml", namespace)
+    assert user is not None
+    await client.create(template, res=CLAIM_TEMPLATE)
+    await client.create(user)
+    try:
+        yield
+    finally:
+        await client.delete(POD, "vf-user", namespace, grace_seconds=0)
+        await client.delete(CLAIM_TEMPLATE, "two-ib-vfs", namespace)
+
+
 def test_eight_gpu_nic_pairs_on_a_dgx_share_their_pcie_root_and_a_ninth_waits(
     kubeconfig: Path, namespace: str, root: Path
 ) -> None:
@@ -84,106 +131,98 @@ def test_eight_gpu_nic_pairs_on_a_dgx_share_their_pcie_root_and_a_ninth_waits(
 
     async def main() -> None:
         client = ApiClient(kubeconfig)
-        stop = asyncio.Event()
         publishers = [
-            SlicePublisher(client, dra.DRIVER, NODE,
-                           lambda: [d.to_api() for d in node_devices(discovery.scan(host), host)],
-                           interval=0.5),
+            SlicePublisher(client, dra.DRIVER, NODE, nic_devices(host), interval=0.5),
             SlicePublisher(client, gpu_dra.GPU_DRIVER, NODE,
                            lambda: gpu_dra.gpu_devices(host), interval=0.5),
         ]
-        tasks = [asyncio.create_task(p.run(stop)) for p in publishers]
         classes = [*yaml.safe_load_all((EXAMPLES / "deviceclasses.yaml").read_text()),
                    gpu_dra.gpu_device_class()]  # as a user applies them
-        try:
-            for obj in classes:
-                await client.apply(obj, res=DEVICE_CLASS)
-
-            async def published() -> bool:
-                slices, _ = await client.list(RESOURCE_SLICE,
-                                              field_selector=f"spec.nodeName={NODE}")
-                return sum(len(s["spec"].get("devices") or []) for s in slices) == 2 * PAIRS
-            await until(published, 30, "the node's GPU and NIC slices")
-            for publisher in publishers:  # what the API server stored is what was wanted
-                assert (await publisher.sync(publisher.devices())).noop
-            slices, _ = await client.list(
-                RESOURCE_SLICE, field_selector=f"spec.nodeName={NODE},spec.driver={dra.DRIVER}")
-            print(f"\nNIC ResourceSlices of the DGX: {len(slices)}, "
-                  f"{sum(len(json.dumps(s)) for s in slices)} bytes as JSON")
-
-            template, pod = example("gpu-and-nic.yaml", namespace)
-            await client.create(template, res=CLAIM_TEMPLATE)
-            started = time.monotonic()
-            for i in range(PAIRS + 1):
-                await client.create(pod_named(pod, f"train-{i}"))
-
-            async def pods() -> list[dict[str, Any]]:
+        async with device_classes(client, classes), publishing(*publishers):
+            try:
+                await trainers(client, publishers)
+            finally:
                 items, _ = await client.list(POD, namespace, label_selector="app=dra-train")
-                return items
+                for pod in items:
+                    await client.delete(POD, pod["metadata"]["name"], namespace,
+                                        grace_seconds=0)
+                await client.delete(CLAIM_TEMPLATE, "gpu-nic", namespace)
+                await client.delete(CLAIM_TEMPLATE, "one-ib-nic", namespace)
+        await client.close()
 
-            def unschedulable(pod: dict[str, Any]) -> bool:
-                return any(c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
-                           for c in (pod.get("status") or {}).get("conditions") or [])
+    async def trainers(client: ApiClient, publishers: list[SlicePublisher]) -> None:
+        async def published() -> bool:
+            slices, _ = await client.list(RESOURCE_SLICE,
+                                          field_selector=f"spec.nodeName={NODE}")
+            return sum(len(s["spec"].get("devices") or []) for s in slices) == 2 * PAIRS
+        await until(published, 30, "the node's GPU and NIC slices")
+        for publisher in publishers:  # what the API server stored is what was wanted
+            assert (await publisher.sync(publisher.devices())).noop
+        slices, _ = await client.list(
+            RESOURCE_SLICE, field_selector=f"spec.nodeName={NODE},spec.driver={dra.DRIVER}")
+        print(f"\nNIC ResourceSlices of the DGX: {len(slices)}, "
+              f"{sum(len(json.dumps(s)) for s in slices)} bytes as JSON")
 
-            async def placed() -> bool:
-                items = await pods()
-                return (sum(p["spec"].get("nodeName") == NODE for p in items) == PAIRS
-                        and sum(map(unschedulable, items)) == 1)
-            await until(placed, 120, f"{PAIRS} pods scheduled and one unschedulable")
-            print(f"{PAIRS} GPU-NIC pods scheduled in {time.monotonic() - started:.1f}s")
+        template, pod = example("gpu-and-nic.yaml", namespace)
+        await client.create(template, res=CLAIM_TEMPLATE)
+        started = time.monotonic()
+        for i in range(PAIRS + 1):
+            await client.create(pod_named(pod, f"train-{i}"))
 
-            gpus, nics_taken = [], []
-            for pod in await pods():
-                if not pod["spec"].get("nodeName"):
-                    continue
-                [status] = pod["status"]["resourceClaimStatuses"]
-                claim = await client.get(CLAIM, status["resourceClaimName"], namespace)
-                results = {r["request"]: r for r in
-                           claim["status"]["allocation"]["devices"]["results"]}
-                gpu, nic = results["gpu"], results["nic"]
-                assert (gpu["driver"], nic["driver"]) == (gpu_dra.GPU_DRIVER, dra.DRIVER)
-                assert roots[gpu["device"]] == roots[nic["device"]], (gpu, nic)
-                gpus.append(gpu["device"])
-                nics_taken.append(nic["device"])
-            assert len(set(gpus)) == len(set(nics_taken)) == PAIRS
-            [waiting] = [p for p in await pods() if not p["spec"].get("nodeName")]
-            condition = next(c for c in waiting["status"]["conditions"]
-                             if c["type"] == "PodScheduled")
-            assert "claim" in condition["message"].lower(), condition
-            # nicop diagnose says which node comes closest and what it lacks.
-            done = await asyncio.to_thread(
-                subprocess.run, [sys.executable, "-m", "nicop", "diagnose", "pod",
-                                 f"{namespace}/{waiting['metadata']['name']}",
-                                 "--kubeconfig", str(kubeconfig)],
-                capture_output=True, text=True, timeout=120, check=False)
-            said = " ".join(done.stdout.split())
-            assert done.returncode == 1, done.stdout + done.stderr
-            assert f"node {NODE}: gpu: 0 free of 8 gpu.nvidia.com" in said, said
-            assert "nic: 0 free of 8 rdma.nicop.io" in said, said
-            # nicop status counts the node's DRA devices, allocated and all.
-            shown = await asyncio.to_thread(
-                subprocess.run, [sys.executable, "-m", "nicop", "status", "-o", "json",
-                                 "--kubeconfig", str(kubeconfig)],
-                capture_output=True, text=True, timeout=120, check=False)
-            [node] = [n for n in json.loads(shown.stdout)["nodes"] if n["name"] == NODE]
-            assert node["draDevices"] == [
-                {"driver": gpu_dra.GPU_DRIVER, "devices": PAIRS, "allocated": PAIRS},
-                {"driver": dra.DRIVER, "devices": PAIRS, "allocated": PAIRS}]
-            # The third example's CEL compiles where the API server checks it.
-            await client.create(example("one-ib-nic.yaml", namespace)[0], res=CLAIM_TEMPLATE)
-        finally:
+        async def pods() -> list[dict[str, Any]]:
             items, _ = await client.list(POD, namespace, label_selector="app=dra-train")
-            for pod in items:
-                await client.delete(POD, pod["metadata"]["name"], namespace, grace_seconds=0)
-            await client.delete(CLAIM_TEMPLATE, "gpu-nic", namespace)
-            await client.delete(CLAIM_TEMPLATE, "one-ib-nic", namespace)
-            stop.set()
-            await asyncio.gather(*tasks)
-            for publisher in publishers:
-                await publisher.withdraw()
-            for obj in classes:
-                await client.delete(DEVICE_CLASS, obj["metadata"]["name"])
-            await client.close()
+            return items
+
+        def unschedulable(pod: dict[str, Any]) -> bool:
+            return any(c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+                       for c in (pod.get("status") or {}).get("conditions") or [])
+
+        async def placed() -> bool:
+            items = await pods()
+            return (sum(p["spec"].get("nodeName") == NODE for p in items) == PAIRS
+                    and sum(map(unschedulable, items)) == 1)
+        await until(placed, 120, f"{PAIRS} pods scheduled and one unschedulable")
+        print(f"{PAIRS} GPU-NIC pods scheduled in {time.monotonic() - started:.1f}s")
+
+        gpus, nics_taken = [], []
+        for pod in await pods():
+            if not pod["spec"].get("nodeName"):
+                continue
+            [status] = pod["status"]["resourceClaimStatuses"]
+            claim = await client.get(CLAIM, status["resourceClaimName"], namespace)
+            results = {r["request"]: r for r in
+                       claim["status"]["allocation"]["devices"]["results"]}
+            gpu, nic = results["gpu"], results["nic"]
+            assert (gpu["driver"], nic["driver"]) == (gpu_dra.GPU_DRIVER, dra.DRIVER)
+            assert roots[gpu["device"]] == roots[nic["device"]], (gpu, nic)
+            gpus.append(gpu["device"])
+            nics_taken.append(nic["device"])
+        assert len(set(gpus)) == len(set(nics_taken)) == PAIRS
+        [waiting] = [p for p in await pods() if not p["spec"].get("nodeName")]
+        condition = next(c for c in waiting["status"]["conditions"]
+                         if c["type"] == "PodScheduled")
+        assert "claim" in condition["message"].lower(), condition
+        # nicop diagnose says which node comes closest and what it lacks.
+        done = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "nicop", "diagnose", "pod",
+                             f"{namespace}/{waiting['metadata']['name']}",
+                             "--kubeconfig", str(kubeconfig)],
+            capture_output=True, text=True, timeout=120, check=False)
+        said = " ".join(done.stdout.split())
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert f"node {NODE}: gpu: 0 free of 8 gpu.nvidia.com" in said, said
+        assert "nic: 0 free of 8 rdma.nicop.io" in said, said
+        # nicop status counts the node's DRA devices, allocated and all.
+        shown = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "nicop", "status", "-o", "json",
+                             "--kubeconfig", str(kubeconfig)],
+            capture_output=True, text=True, timeout=120, check=False)
+        [node] = [n for n in json.loads(shown.stdout)["nodes"] if n["name"] == NODE]
+        assert node["draDevices"] == [
+            {"driver": gpu_dra.GPU_DRIVER, "devices": PAIRS, "allocated": PAIRS},
+            {"driver": dra.DRIVER, "devices": PAIRS, "allocated": PAIRS}]
+        # The third example's CEL compiles where the API server checks it.
+        await client.create(example("one-ib-nic.yaml", namespace)[0], res=CLAIM_TEMPLATE)
 
     asyncio.run(main())
 
@@ -198,12 +237,14 @@ def test_vfs_are_claimable_once_created_and_leave_the_slice_when_their_pf_link_g
 
     async def main() -> None:
         client = ApiClient(kubeconfig)
-        stop = asyncio.Event()
-        publisher = SlicePublisher(
-            client, dra.DRIVER, NODE,
-            lambda: [d.to_api() for d in node_devices(discovery.scan(host), host)], interval=0.5)
-        task = asyncio.create_task(publisher.run(stop))
+        publisher = SlicePublisher(client, dra.DRIVER, NODE, nic_devices(host), interval=0.5)
+        try:
+            async with device_classes(client), publishing(publisher), vf_user(client, namespace):
+                await claim_vfs(client)
+        finally:
+            await client.close()
 
+    async def claim_vfs(client: ApiClient) -> None:
         async def vfs_published() -> list[dict[str, Any]]:
             slices, _ = await client.list(
                 RESOURCE_SLICE, field_selector=f"spec.nodeName={NODE},spec.driver={dra.DRIVER}")
@@ -215,54 +256,37 @@ def test_vfs_are_claimable_once_created_and_leave_the_slice_when_their_pf_link_g
         async def pod() -> dict[str, Any]:
             return await client.get(POD, "vf-user", namespace)
 
-        try:
-            for obj in dra.device_classes():
-                await client.apply(obj, res=DEVICE_CLASS)
-            template, user = example("two-ib-vfs.yaml", namespace)
-            await client.create(template, res=CLAIM_TEMPLATE)
-            assert user is not None
-            await client.create(user)
+        async def unschedulable() -> bool:
+            return any(c.get("reason") == "Unschedulable"
+                       for c in ((await pod()).get("status") or {}).get("conditions") or [])
+        await until(unschedulable, 60, "the claim to find no VFs")
+        assert not (await pod())["spec"].get("nodeName")
 
-            async def unschedulable() -> bool:
-                return any(c.get("reason") == "Unschedulable"
-                           for c in ((await pod()).get("status") or {}).get("conditions") or [])
-            await until(unschedulable, 60, "the claim to find no VFs")
-            assert not (await pod())["spec"].get("nodeName")
+        created = time.monotonic()
+        await asyncio.to_thread(host.set_numvfs, pf, 4)
 
-            created = time.monotonic()
-            await asyncio.to_thread(host.set_numvfs, pf, 4)
+        async def four_vfs() -> bool:
+            return len(await vfs_published()) == 4
+        await until(four_vfs, 10, "the VFs in the slice")
+        print(f"\nVF creation to slice update: {time.monotonic() - created:.2f}s")
 
-            async def four_vfs() -> bool:
-                return len(await vfs_published()) == 4
-            await until(four_vfs, 10, "the VFs in the slice")
-            print(f"\nVF creation to slice update: {time.monotonic() - created:.2f}s")
+        async def scheduled() -> bool:
+            return (await pod())["spec"].get("nodeName") == NODE
+        await until(scheduled, 60, "the pod to be scheduled with two VFs")
+        [status] = (await pod())["status"]["resourceClaimStatuses"]
+        claim = await client.get(CLAIM, status["resourceClaimName"], namespace)
+        taken = {r["device"] for r in claim["status"]["allocation"]["devices"]["results"]}
+        by_name = {d["name"]: d for d in await vfs_published()}
+        assert len(taken) == 2 and taken <= set(by_name)
+        assert {by_name[d]["attributes"][dra.PF_NAME]["string"] for d in taken} == {pf}
 
-            async def scheduled() -> bool:
-                return (await pod())["spec"].get("nodeName") == NODE
-            await until(scheduled, 60, "the pod to be scheduled with two VFs")
-            [status] = (await pod())["status"]["resourceClaimStatuses"]
-            claim = await client.get(CLAIM, status["resourceClaimName"], namespace)
-            taken = {r["device"] for r in claim["status"]["allocation"]["devices"]["results"]}
-            by_name = {d["name"]: d for d in await vfs_published()}
-            assert len(taken) == 2 and taken <= set(by_name)
-            assert {by_name[d]["attributes"][dra.PF_NAME]["string"] for d in taken} == {pf}
+        down = time.monotonic()
+        await asyncio.to_thread(host.set_link, pf, False)
 
-            down = time.monotonic()
-            await asyncio.to_thread(host.set_link, pf, False)
-
-            async def vfs_gone() -> bool:
-                return not await vfs_published()
-            await until(vfs_gone, 5, "the VFs of the PF whose link went down to leave the slice")
-            print(f"PF link down to VFs out of the slice: {time.monotonic() - down:.2f}s")
-        finally:
-            await client.delete(POD, "vf-user", namespace, grace_seconds=0)
-            await client.delete(CLAIM_TEMPLATE, "two-ib-vfs", namespace)
-            stop.set()
-            await task
-            await publisher.withdraw()
-            for obj in dra.device_classes():
-                await client.delete(DEVICE_CLASS, obj["metadata"]["name"])
-            await client.close()
+        async def vfs_gone() -> bool:
+            return not await vfs_published()
+        await until(vfs_gone, 5, "the VFs of the PF whose link went down to leave the slice")
+        print(f"PF link down to VFs out of the slice: {time.monotonic() - down:.2f}s")
 
     asyncio.run(main())
 
@@ -331,113 +355,101 @@ def test_the_kubelet_plugin_prepares_a_claims_vfs_as_cdi_devices_and_survives_a_
 
     async def main() -> None:
         client = ApiClient(kubeconfig)
-        stop = asyncio.Event()
-        publisher = SlicePublisher(
-            client, dra.DRIVER, NODE,
-            lambda: [d.to_api() for d in node_devices(discovery.scan(host), host)], interval=0.5)
-        task = asyncio.create_task(publisher.run(stop))
-        plugin = DraPlugin(client, NODE, host)
-        await plugin.start()
+        publisher = SlicePublisher(client, dra.DRIVER, NODE, nic_devices(host), interval=0.5)
+        plugins = [DraPlugin(client, NODE, host)]
+        await plugins[0].start()
         try:
-            for obj in dra.device_classes():
-                await client.apply(obj, res=DEVICE_CLASS)
-            template, user = example("two-ib-vfs.yaml", namespace)
-            await client.create(template, res=CLAIM_TEMPLATE)
-            assert user is not None
-            await client.create(user)
-
-            async def allocated() -> dict[str, Any] | None:
-                pod = await client.get(POD, "vf-user", namespace)
-                statuses = (pod.get("status") or {}).get("resourceClaimStatuses") or []
-                if not pod["spec"].get("nodeName") or not statuses:
-                    return None
-                claim = await client.get(CLAIM, statuses[0]["resourceClaimName"], namespace)
-                return claim if (claim.get("status") or {}).get("allocation") else None
-
-            async def is_allocated() -> bool:
-                return await allocated() is not None
-            await until(is_allocated, 60, "the claim to be allocated")
-            claim = await allocated()
-            assert claim is not None
-            meta = claim["metadata"]
-            request = pb.NodePrepareResourcesRequest(claims=[pb.Claim(
-                namespace=meta["namespace"], uid=meta["uid"], name=meta["name"])])
-
-            # Registration, as the kubelet's plugin watcher does it.
-            async with grpc.aio.insecure_channel(
-                    f"unix://{host.path(plugin.registration)}") as channel:
-                registration = registration_pb2_grpc.RegistrationStub(channel)
-                info = await registration.GetInfo(reg.InfoRequest())
-                assert (info.type, info.name, list(info.supported_versions)) == (
-                    "DRAPlugin", dra.DRIVER, ["v1.DRAPlugin"])
-                assert info.endpoint == f"/var/lib/kubelet/plugins/{dra.DRIVER}/dra.sock"
-                await registration.NotifyRegistrationStatus(
-                    reg.RegistrationStatus(plugin_registered=True))
-            assert plugin.registered is True
-
-            async def prepare(plugin_endpoint: str) -> pb.NodePrepareResourceResponse:
-                async with grpc.aio.insecure_channel(
-                        f"unix://{host.path(plugin_endpoint)}") as channel:
-                    answer = await dra_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
-                        request)
-                return answer.claims[meta["uid"]]
-
-            first = await prepare(info.endpoint)
-            assert first.error == ""
-            taken = sorted(r["device"] for r in claim["status"]["allocation"]["devices"]["results"])
-            assert sorted(d.device_name for d in first.devices) == taken
-            spec_path = host.path(f"/var/run/cdi/{dra.DRIVER}-{meta['uid']}.json")
-            spec = json.loads(spec_path.read_text())
-            assert spec["kind"] == f"{dra.DRIVER}/device"
-            ids = {i for d in first.devices for i in d.cdi_device_ids}
-            assert ids == {f"{spec['kind']}={d['name']}" for d in spec["devices"]}
-            inventory = discovery.scan(host)
-            by_name = {d.name: d for d in node_devices(inventory, host)}
-            addresses = sorted(by_name[name].attributes[dra.PCI_ADDRESS]["string"]
-                               for name in taken)
-            for device in spec["devices"]:
-                edits = device["containerEdits"]
-                name = device["name"].removeprefix(f"{meta['uid']}-")
-                fn = inventory.functions[by_name[name].attributes[dra.PCI_ADDRESS]["string"]]
-                nodes = {n["path"] for n in edits["deviceNodes"]}
-                assert nodes == {*(p for r in fn.rdma for p in r.char_devices),
-                                 "/dev/infiniband/rdma_cm"}
-                assert any(p.startswith("/dev/infiniband/uverbs") for p in nodes)
-                [env] = edits["env"]
-                assert env == f"PCIDEVICE_RDMA_NICOP_IO_VFS={','.join(addresses)}"
-                assert edits["netDevices"] == [{"hostInterfaceName": fn.netdev.name,
-                                                "name": fn.netdev.name}]
-
-            assert await prepare(info.endpoint) == first  # idempotent
-
-            await plugin.stop()  # a restart: a new process, the same node
-            await client.delete(POD, "vf-user", namespace, grace_seconds=0)
-
-            async def claim_gone() -> bool:
-                return await client.get_or_none(CLAIM, meta["name"], namespace) is None
-            await until(claim_gone, 60, "the pod's claim to be deleted with it")
-            plugin = DraPlugin(client, NODE, host)
-            await plugin.start()
-            # The API no longer has the claim: the answer comes from the checkpoint.
-            assert await prepare(info.endpoint) == first
-            async with grpc.aio.insecure_channel(
-                    f"unix://{host.path(info.endpoint)}") as channel:
-                stub = dra_pb2_grpc.DRAPluginStub(channel)
-                undo = pb.NodeUnprepareResourcesRequest(claims=request.claims)
-                for _ in range(2):  # idempotent too
-                    answer = await stub.NodeUnprepareResources(undo)
-                    assert answer.claims[meta["uid"]].error == ""
-            assert not spec_path.exists()
+            async with device_classes(client), publishing(publisher), vf_user(client, namespace):
+                await prepare(client, plugins)
         finally:
-            await client.delete(POD, "vf-user", namespace, grace_seconds=0)
-            await client.delete(CLAIM_TEMPLATE, "two-ib-vfs", namespace)
-            await plugin.stop()
-            stop.set()
-            await task
-            await publisher.withdraw()
-            for obj in dra.device_classes():
-                await client.delete(DEVICE_CLASS, obj["metadata"]["name"])
+            await plugins[-1].stop()
             await client.close()
+
+    async def prepare(client: ApiClient, plugins: list[DraPlugin]) -> None:
+        plugin = plugins[0]
+        async def allocated() -> dict[str, Any] | None:
+            pod = await client.get(POD, "vf-user", namespace)
+            statuses = (pod.get("status") or {}).get("resourceClaimStatuses") or []
+            if not pod["spec"].get("nodeName") or not statuses:
+                return None
+            claim = await client.get(CLAIM, statuses[0]["resourceClaimName"], namespace)
+            return claim if (claim.get("status") or {}).get("allocation") else None
+
+        async def is_allocated() -> bool:
+            return await allocated() is not None
+        await until(is_allocated, 60, "the claim to be allocated")
+        claim = await allocated()
+        assert claim is not None
+        meta = claim["metadata"]
+        request = pb.NodePrepareResourcesRequest(claims=[pb.Claim(
+            namespace=meta["namespace"], uid=meta["uid"], name=meta["name"])])
+
+        # Registration, as the kubelet's plugin watcher does it.
+        async with grpc.aio.insecure_channel(
+                f"unix://{host.path(plugin.registration)}") as channel:
+            registration = registration_pb2_grpc.RegistrationStub(channel)
+            info = await registration.GetInfo(reg.InfoRequest())
+            assert (info.type, info.name, list(info.supported_versions)) == (
+                "DRAPlugin", dra.DRIVER, ["v1.DRAPlugin"])
+            assert info.endpoint == f"/var/lib/kubelet/plugins/{dra.DRIVER}/dra.sock"
+            await registration.NotifyRegistrationStatus(
+                reg.RegistrationStatus(plugin_registered=True))
+        assert plugin.registered is True
+
+        async def prepare(plugin_endpoint: str) -> pb.NodePrepareResourceResponse:
+            async with grpc.aio.insecure_channel(
+                    f"unix://{host.path(plugin_endpoint)}") as channel:
+                answer = await dra_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
+                    request)
+            return answer.claims[meta["uid"]]
+
+        first = await prepare(info.endpoint)
+        assert first.error == ""
+        taken = sorted(r["device"] for r in claim["status"]["allocation"]["devices"]["results"])
+        assert sorted(d.device_name for d in first.devices) == taken
+        spec_path = host.path(f"/var/run/cdi/{dra.DRIVER}-{meta['uid']}.json")
+        spec = json.loads(spec_path.read_text())
+        assert spec["kind"] == f"{dra.DRIVER}/device"
+        ids = {i for d in first.devices for i in d.cdi_device_ids}
+        assert ids == {f"{spec['kind']}={d['name']}" for d in spec["devices"]}
+        inventory = discovery.scan(host)
+        by_name = {d.name: d for d in node_devices(inventory, host)}
+        addresses = sorted(by_name[name].attributes[dra.PCI_ADDRESS]["string"]
+                           for name in taken)
+        for device in spec["devices"]:
+            edits = device["containerEdits"]
+            name = device["name"].removeprefix(f"{meta['uid']}-")
+            fn = inventory.functions[by_name[name].attributes[dra.PCI_ADDRESS]["string"]]
+            nodes = {n["path"] for n in edits["deviceNodes"]}
+            assert nodes == {*(p for r in fn.rdma for p in r.char_devices),
+                             "/dev/infiniband/rdma_cm"}
+            assert any(p.startswith("/dev/infiniband/uverbs") for p in nodes)
+            [env] = edits["env"]
+            assert env == f"PCIDEVICE_RDMA_NICOP_IO_VFS={','.join(addresses)}"
+            assert edits["netDevices"] == [{"hostInterfaceName": fn.netdev.name,
+                                            "name": fn.netdev.name}]
+
+        assert await prepare(info.endpoint) == first  # idempotent
+
+        await plugin.stop()  # a restart: a new process, the same node
+        await client.delete(POD, "vf-user", namespace, grace_seconds=0)
+
+        async def claim_gone() -> bool:
+            return await client.get_or_none(CLAIM, meta["name"], namespace) is None
+        await until(claim_gone, 60, "the pod's claim to be deleted with it")
+        plugins.append(DraPlugin(client, NODE, host))
+        plugin = plugins[-1]
+        await plugin.start()
+        # The API no longer has the claim: the answer comes from the checkpoint.
+        assert await prepare(info.endpoint) == first
+        async with grpc.aio.insecure_channel(
+                f"unix://{host.path(info.endpoint)}") as channel:
+            stub = dra_pb2_grpc.DRAPluginStub(channel)
+            undo = pb.NodeUnprepareResourcesRequest(claims=request.claims)
+            for _ in range(2):  # idempotent too
+                answer = await stub.NodeUnprepareResources(undo)
+                assert answer.claims[meta["uid"]].error == ""
+        assert not spec_path.exists()
 
     asyncio.run(main())
 
@@ -465,42 +477,35 @@ def test_the_node_prepares_a_pods_claim_through_the_plugin_and_unprepares_it_whe
     async def main() -> None:
         client = ApiClient(kubeconfig)
         try:
-            for obj in dra.device_classes():
-                await client.apply(obj, res=DEVICE_CLASS)
-            template, user = example("two-ib-vfs.yaml", namespace)
-            await client.create(template, res=CLAIM_TEMPLATE)
-            assert user is not None
-            await client.create(user)
-
-            async def recorded() -> dict[str, Any] | None:
-                pod = await client.get(POD, "vf-user", namespace)
-                text = (pod["metadata"].get("annotations") or {}).get(ANNOTATION)
-                return json.loads(text) if text else None
-
-            async def prepared() -> bool:
-                record = await recorded()
-                return bool(record and not record.get("error") and record["devices"]["vfs"])
-            await until(prepared, 60, "the node to prepare the pod's claim")
-            record = await recorded()
-            assert record is not None
-            [uid] = {i.split("=")[1][:36] for i in record["devices"]["vfs"]}
-            assert len(record["devices"]["vfs"]) == 2
-            assert all(i.startswith(f"{dra.DRIVER}/device={uid}-vf-")
-                       for i in record["devices"]["vfs"])
-            spec = host.path(f"/var/run/cdi/{dra.DRIVER}-{uid}.json")
-            assert spec.exists()
-
-            await client.delete(POD, "vf-user", namespace, grace_seconds=0)
-
-            async def unprepared() -> bool:
-                return not spec.exists()
-            await until(unprepared, 60, "the node to unprepare the claim of the deleted pod")
+            async with device_classes(client), vf_user(client, namespace):
+                await prepared_by_the_node(client)
         finally:
-            await client.delete(POD, "vf-user", namespace, grace_seconds=0)
-            await client.delete(CLAIM_TEMPLATE, "two-ib-vfs", namespace)
-            for obj in dra.device_classes():
-                await client.delete(DEVICE_CLASS, obj["metadata"]["name"])
             await client.close()
+
+    async def prepared_by_the_node(client: ApiClient) -> None:
+        async def recorded() -> dict[str, Any] | None:
+            pod = await client.get(POD, "vf-user", namespace)
+            text = (pod["metadata"].get("annotations") or {}).get(ANNOTATION)
+            return json.loads(text) if text else None
+
+        async def prepared() -> bool:
+            record = await recorded()
+            return bool(record and not record.get("error") and record["devices"]["vfs"])
+        await until(prepared, 60, "the node to prepare the pod's claim")
+        record = await recorded()
+        assert record is not None
+        [uid] = {i.split("=")[1][:36] for i in record["devices"]["vfs"]}
+        assert len(record["devices"]["vfs"]) == 2
+        assert all(i.startswith(f"{dra.DRIVER}/device={uid}-vf-")
+                   for i in record["devices"]["vfs"])
+        spec = host.path(f"/var/run/cdi/{dra.DRIVER}-{uid}.json")
+        assert spec.exists()
+
+        await client.delete(POD, "vf-user", namespace, grace_seconds=0)
+
+        async def unprepared() -> bool:
+            return not spec.exists()
+        await until(unprepared, 60, "the node to unprepare the claim of the deleted pod")
 
     try:
         asyncio.run(main())
