@@ -1,7 +1,8 @@
-"""A driver upgrade of 10 nodes whose drain a PodDisruptionBudget blocks on one, sampled every
-second: an upgrade-failed node keeps its maxParallelUpgrades slot as upstream's upgrade library
-counts it (NVIDIA/k8s-operator-libs pkg/upgrade/common_manager.go, GetUpgradesInProgress and
-GetUpgradesAvailable), so the upgrade never has more nodes cordoned than maxParallelUpgrades.
+"""A driver upgrade of 10 nodes whose drain a PodDisruptionBudget blocks on one, every node
+change watched: an upgrade-failed node keeps its maxParallelUpgrades slot as upstream's upgrade
+library counts it (NVIDIA/k8s-operator-libs pkg/upgrade/common_manager.go,
+GetUpgradesInProgress and GetUpgradesAvailable), so the upgrade never has more nodes cordoned
+than maxParallelUpgrades.
 
 This module runs its own control plane with 10 nodes and its own operator.
 """
@@ -69,26 +70,29 @@ def op(slots: tuple[LocalCluster, Client], tmp_path: Path) -> Iterator[OperatorP
         yield proc
 
 
-class CordonSampler:
-    """Lists the nodes once a second and remembers which were cordoned at each sample."""
+class CordonWatch:
+    """Watches the nodes and records which are cordoned after every change, in the API server's
+    order: every moment of the rollout, where sampling on a busy machine could miss the short
+    ones."""
 
     def __init__(self, client: Client) -> None:
         self.client = client
-        self.samples: list[frozenset[str]] = []
+        self.moments: list[frozenset[str]] = []
+        self._cordoned: dict[str, bool] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append(frozenset(
-                n.metadata.name for n in self.client.list(Node) if n.spec.unschedulable))
-            self._stop.wait(1.0)  # the sampling period, not a wait for anything
+        for _, node in self.client.watch(Node):
+            self._cordoned[node.metadata.name] = bool(node.spec.unschedulable)
+            self.moments.append(frozenset(n for n, c in self._cordoned.items() if c))
+            if self._stop.is_set():
+                return
 
     def stop(self) -> list[frozenset[str]]:
         self._stop.set()
-        self._thread.join(10)
-        return self.samples
+        return list(self.moments)
 
 
 def driver_versions(client: Client) -> dict[str, str]:
@@ -109,13 +113,13 @@ def test_a_failed_node_keeps_its_slot_so_at_most_3_nodes_are_ever_cordoned(
 ) -> None:
     """10 nodes, maxParallelUpgrades 3, BLOCKED's drain refused by a PodDisruptionBudget until
     its 20 s drain timeout fails it (nicop's documented behaviour: the node stays cordoned in
-    upgrade-failed with the reason, until its driver is Ready). Sampled every second through the
-    whole rollout, never more than 3 nodes are cordoned; the 9 others finish."""
+    upgrade-failed with the reason, until its driver is Ready). At every change of a node through
+    the whole rollout, never more than 3 nodes are cordoned; the 9 others finish."""
     workloads(client)
     client.apply(NicClusterPolicy(**policy(OLD)), field_manager="test", force=True)
     wait_for(lambda: set(states(client).values()) == {"upgrade-done"}
              and len(driver_versions(client)) == NODES, 120, "every node upgrade-done at first")
-    sampler = CordonSampler(client)
+    watch = CordonWatch(client)
     try:
         client.apply(NicClusterPolicy(**policy(NEW)), field_manager="test", force=True)
 
@@ -131,7 +135,7 @@ def test_a_failed_node_keeps_its_slot_so_at_most_3_nodes_are_ever_cordoned(
 
         wait_for(finished, 300, f"{BLOCKED} to fail and the 9 others to finish")
     finally:
-        samples = sampler.stop()
+        samples = watch.stop()
     worst = max(samples, key=len)
     assert len(worst) <= 3, f"more nodes cordoned than maxParallelUpgrades: {sorted(worst)}"
     assert len(worst) == 3, "the rollout did use its 3 slots"
