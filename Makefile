@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test lint controlplane helm venv clean-cluster proto crds
+.PHONY: demo test lint controlplane helm promtool venv clean-cluster proto crds
 
 $(INSTALLED): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -21,10 +21,14 @@ controlplane:
 helm:
 	@hack/build-helm.sh >/dev/null
 
+# Builds promtool (checks the chart's PrometheusRule) once per machine.
+promtool:
+	@hack/build-promtool.sh >/dev/null
+
 demo: $(INSTALLED) controlplane
 	$(VENV)/bin/nicop demo
 
-test: $(INSTALLED) controlplane helm lint
+test: $(INSTALLED) controlplane helm promtool lint
 	$(PY) -m pytest
 
 lint: $(INSTALLED)

@@ -47,6 +47,7 @@ from nicop.sim.cluster import free_port
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "nicop"
 BUILD_HELM = ROOT / "hack" / "build-helm.sh"
+BUILD_PROMTOOL = ROOT / "hack" / "build-promtool.sh"
 COPY_CRDS = "cp deploy/crds/*.yaml deploy/helm/nicop/crds/"
 Doc = dict[str, Any]
 KWOK_IMAGE = "registry.example.com/operator"  # played by kwok, unlike an image named nicop
@@ -73,6 +74,18 @@ def helm() -> Path:
         failed = [line for line in proc.stderr.splitlines() if "FAILED" in line]
         detail = "\n".join(failed) or proc.stderr[-3000:]
         pytest.fail(f"hack/build-helm.sh could not build helm:\n{detail}", pytrace=False)
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def promtool() -> Path:
+    """promtool, built once per machine (hack/build-promtool.sh); a failed build fails the
+    test with the failing step."""
+    proc = subprocess.run([str(BUILD_PROMTOOL)], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        failed = [line for line in proc.stderr.splitlines() if "FAILED" in line]
+        detail = "\n".join(failed) or proc.stderr[-3000:]
+        pytest.fail(f"hack/build-promtool.sh could not build promtool:\n{detail}", pytrace=False)
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
@@ -922,9 +935,24 @@ def alert_rules(docs: list[Doc]) -> list[Doc]:
     return [r for g in one(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]]
 
 
+def test_promtool_accepts_the_rules(helm: Path, promtool: Path, tmp_path: Path) -> None:
+    """`promtool check rules` (Prometheus' own checker, built from its Go module) accepts the
+    rule groups of the rendered PrometheusRule, with the default values and with others."""
+    for values in ((), ("monitoring.prometheusRule.policyNotReadyFor=5m",
+                        "monitoring.prometheusRule.ipPoolUsagePercent=80")):
+        rule = one(render(helm, "nicop", "nvidia-network-operator", *MONITORING, *values),
+                   "PrometheusRule")
+        groups = tmp_path / "rules.yaml"
+        groups.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+        checked = subprocess.run([str(promtool), "check", "rules", str(groups)],
+                                 capture_output=True, text=True, check=False, timeout=120)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert f"SUCCESS: {len(alert_rules([rule]))} rules found" in checked.stdout
+
+
 def test_alerts_parse_name_only_exported_metrics_and_say_what_to_run(helm: Path) -> None:
-    """Every expression is parsed by a PromQL parser and its metrics are read from the code
-    (promtool is not built here: its Go module pulls in every service discovery's SDK)."""
+    """Every expression is parsed by a PromQL parser and its metrics are read from the code;
+    promtool checks the rules themselves (above)."""
     rules = alert_rules(render(helm, "nicop", "nvidia-network-operator", *MONITORING))
     names = [r["alert"] for r in rules]
     assert len(names) == len(set(names))
