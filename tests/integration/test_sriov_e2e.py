@@ -292,16 +292,28 @@ def test_policy_creates_vfs_that_a_pod_gets_scheduled_on(
                 "the pod to be scheduled")
             assert placed == NODE_NAME
 
-            # Applying the same spec again (a resync, a restarted daemon) writes nothing.
+            # Applying the same spec again (a resync, a restarted daemon) writes nothing. First
+            # the controllers' follow-ups to the sync settle (on a busy machine they can come
+            # after the pod is placed): the state unchanged over a second; a daemon that wrote
+            # on every resync would never settle.
             before = host.read(f"/sys/bus/pci/devices/{PCI0}/sriov_numvfs")
-            # Read now, after the pod was placed: the controllers' batched follow-ups to the
-            # sync (0.5 s) are written by then.
-            now = await rig.state(NODE_NAME)
-            assert now is not None
-            rv = now["metadata"]["resourceVersion"]
+
+            async def version() -> str:
+                state = await rig.state(NODE_NAME)
+                assert state is not None
+                return str(state["metadata"]["resourceVersion"])
+
+            deadline = time.monotonic() + 30
+            rv = await version()
+            while True:
+                await asyncio.sleep(1.0)  # the quiet period that counts as settled
+                latest = await version()
+                if latest == rv:
+                    break
+                assert time.monotonic() < deadline, "the node state never stopped changing"
+                rv = latest
             await asyncio.sleep(3)  # more than one resync of the daemon
-            after = await rig.state(NODE_NAME)
-            assert after is not None and after["metadata"]["resourceVersion"] == rv
+            assert await version() == rv
             assert host.read(f"/sys/bus/pci/devices/{PCI0}/sriov_numvfs") == before
 
     asyncio.run(main())
