@@ -39,9 +39,7 @@ from nicop.kube.resources import (
     DEVICE_CLASS,
     EVENT,
     POD,
-    RESOURCE_CLAIM,
     RESOURCE_CLAIM_TEMPLATE,
-    RESOURCE_SLICE,
     Obj,
 )
 from nicop.kube.scheduling import node_matches, tolerates
@@ -125,11 +123,10 @@ async def collect(client: ApiClient, namespace: str, target: Target) -> Snapshot
 
 
 async def _collect_claims(client: ApiClient, snap: Snapshot, namespace: str) -> None:
-    """What the scheduler reads to allocate a pod's claims."""
+    """What the scheduler reads to allocate a pod's claims, beyond the claims and slices the
+    status snapshot already holds."""
     try:
-        snap["claims"], _ = await client.list(RESOURCE_CLAIM, None)
         snap["claim_templates"], _ = await client.list(RESOURCE_CLAIM_TEMPLATE, namespace)
-        snap["resource_slices"], _ = await client.list(RESOURCE_SLICE, None)
         snap["device_classes"], _ = await client.list(DEVICE_CLASS, None)
     except ApiError as e:
         snap["errors"].append(f"cannot read DRA claims, slices or classes: {e.code} {e.reason}: "
@@ -792,7 +789,7 @@ def _claim_checks(snap: Snapshot, pod: Obj, subject: str) -> list[Check]:
     """Each DRA claim of the pod: allocated, or which node comes closest and what it lacks."""
     namespace = pod["metadata"].get("namespace", "default")
     claims = {(c["metadata"].get("namespace"), c["metadata"]["name"]): c
-              for c in snap.get("claims") or []}
+              for c in snap.get("resourceClaims") or []}
     templates = {t["metadata"]["name"]: t for t in snap.get("claim_templates") or []}
     classes = {c["metadata"]["name"]: c for c in snap.get("device_classes") or []}
     made = {s.get("name"): s.get("resourceClaimName")
@@ -824,8 +821,8 @@ def _claim_checks(snap: Snapshot, pod: Obj, subject: str) -> list[Check]:
 
 def _unallocated_claim_check(snap: Snapshot, subject: str, name: str, spec: Obj,
                              classes: dict[str, Obj]) -> Check:
-    requests, nodes, unknown = claims.fits(spec, classes, snap.get("resource_slices") or [],
-                                           snap.get("claims") or [])
+    requests, nodes, unknown = claims.fits(spec, classes, snap.get("resourceSlices") or [],
+                                           snap.get("resourceClaims") or [])
     missing = sorted({r.device_class for r in requests if r.device_class not in classes})
     if missing:
         return Check(subject, name, "fail",
