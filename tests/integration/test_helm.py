@@ -58,7 +58,7 @@ APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
 COMPONENT_RBAC = ("multus", "ofed-driver", "ib-kubernetes", "nv-ipam-controller", "nv-ipam-node",
                   "sriov-network-config-daemon", "nicop-cni-daemon", "rdma-shared-dp-ds",
                   "network-operator-sriov-device-plugin", "sriov-device-plugin",
-                  "nic-configuration-operator", "spectrum-x-operator")
+                  "nic-configuration-operator", "spectrum-x-operator", "nicop-dra-driver")
 
 
 # ------------------------------------------------------------------ helm
@@ -400,6 +400,10 @@ ALLOWED: tuple[tuple[str, str], ...] = (
       for v in ("list", "watch")),
     *(("policy", f"{v} {r}.rbac.authorization.k8s.io/{name}") for name in COMPONENT_RBAC
       for r in ("clusterroles", "clusterrolebindings") for v in ("create", "patch", "delete")),
+    # operator/states/dra_driver.py: the DRA driver's DeviceClasses
+    *(("policy", f"{v} deviceclasses.resource.k8s.io") for v in ("list", "watch")),
+    *(("policy", f"{v} deviceclasses.resource.k8s.io/{name}")
+      for name in ("rdma.nicop.io", "vf.rdma.nicop.io") for v in ("create", "patch", "delete")),
     # kube/events.py: Events on cluster-scoped objects go to default, on pools to {ns}
     *(("events", f"{v} events -n {n}") for n in ("default", "{ns}") for v in ("create", "patch")),
     # kube/leader.py
@@ -467,6 +471,7 @@ DENIED: tuple[tuple[str, str], ...] = (
     ("only its components' RBAC",
      "patch clusterrolebindings.rbac.authorization.k8s.io/cluster-admin"),
     ("only its components' RBAC", "create roles.rbac.authorization.k8s.io -n {ns}"),
+    ("only its DRA driver's DeviceClasses", "patch deviceclasses.resource.k8s.io/gpu.nvidia.com"),
     ("grants only what it holds", "escalate clusterroles.rbac.authorization.k8s.io"),
     ("grants only what it holds", "bind clusterroles.rbac.authorization.k8s.io"),
     ("no identity changes", "impersonate serviceaccounts"),

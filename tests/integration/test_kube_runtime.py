@@ -15,7 +15,7 @@ from nicop.kube.events import EventRecorder
 from nicop.kube.informer import Informer
 from nicop.kube.leader import LeaderElector
 from nicop.kube.manager import Controller, Manager, Result
-from nicop.kube.resources import CONFIGMAP, EVENT, LEASE, NODE
+from nicop.kube.resources import CONFIGMAP, EVENT, LEASE, NODE, Resource
 from nicop.sim.cluster import free_port
 
 T = TypeVar("T")
@@ -81,6 +81,30 @@ def test_metadata_only_node_informer(kubeconfig: Path) -> None:
         assert node["metadata"]["labels"]["kubernetes.io/hostname"] == "node-1"
         assert "status" not in node and "spec" not in node
         task.cancel()
+
+    run(kubeconfig, body)
+
+
+def test_an_optional_kind_the_api_server_does_not_serve_is_an_empty_synced_cache(
+        kubeconfig: Path) -> None:
+    """A cluster without resource.k8s.io/v1 (before Kubernetes 1.34) answers 404 for
+    DeviceClasses; stood in for by a version no API server serves. The operator's optional
+    informer is synced, connected (so /readyz holds) and empty; a required one is not synced."""
+    unserved = Resource("resource.k8s.io", "v1alpha0", "DeviceClass", "deviceclasses",
+                        namespaced=False)
+
+    async def body(client: ApiClient) -> None:
+        optional = Informer(client, unserved, optional=True)
+        required = Informer(client, unserved)
+        tasks = [asyncio.create_task(i.run()) for i in (optional, required)]
+        try:
+            await asyncio.wait_for(optional.synced.wait(), 10)
+            assert optional.connected and not len(optional.store)
+            assert not required.synced.is_set() and not required.connected
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     run(kubeconfig, body)
 

@@ -133,7 +133,7 @@ def test_node_groups_run_their_policys_components_and_conflicts_are_reported(
     status = nnp_status(client, "gpu-nodes")
     assert {s["name"]: s["state"] for s in status["appliedStates"]} == {
         "state-OFED": "ready", "state-RDMA-device-plugin": "ready",
-        "state-SRIOV-device-plugin": "ignore"}
+        "state-SRIOV-device-plugin": "ignore", "state-DRA-driver": "ignore"}
     # Each pool upgrades by its own policy's upgradePolicy: a new version in gpu-nodes moves
     # node-1 through the upgrade states to the new driver; the storage nodes' drivers stay.
     wait_for(lambda: upgrade_states(client) == dict.fromkeys(GROUPS, "upgrade-done"), 60,

@@ -95,6 +95,7 @@ def test_infiniband_policy_goes_ready_and_orders_plugins_after_the_driver(
         "state-ib-kubernetes": "ready", "state-nv-ipam-cni": "ready",
         "state-nic-feature-discovery": "ignore", "state-doca-telemetry-service": "ignore",
         "state-nic-configuration-operator": "ignore", "state-spectrum-x-operator": "ignore",
+        "state-DRA-driver": "ignore",
     }
     objects = nicop_objects(client)
     for name in ("DaemonSet/kube-multus-ds", "DaemonSet/cni-plugins-ds",

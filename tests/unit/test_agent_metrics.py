@@ -24,7 +24,7 @@ from nicop.node.driver import DriverAgent, DriverConfig
 from nicop.node.metrics import serve_metrics
 from nicop.node.sriov_daemon import FAILED, SUCCEEDED, report_metrics
 from nicop.operator import cni_daemon, sriov_daemons
-from nicop.operator.states import ofed, rdma_dp, sriov_dp
+from nicop.operator.states import dra_driver, ofed, rdma_dp, sriov_dp
 from nicop.operator.states.base import Context
 from nicop.sim.hardware import PROFILES, SimulatedHost
 from nicop.sim.kernel import SimulatedBackend, SimulatedKernel
@@ -58,6 +58,7 @@ def agent_containers() -> list[dict[str, Any]]:
         *sriov_daemons.render_config_daemon(ctx, config),
         *sriov_daemons.render_device_plugin(ctx, config),
         *cni_daemon.render(ctx, ["sriov"]),
+        *dra_driver.render(ctx, {}, "spec.draDriver"),
     ]
     return [c for o in objects if o["kind"] == "DaemonSet"
             for c in o["spec"]["template"]["spec"]["containers"]]

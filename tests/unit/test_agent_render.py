@@ -155,3 +155,43 @@ def test_the_cni_daemon_installs_the_plugins_networks_use() -> None:
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"]
     assert len(terms) == 2  # managed nodes, or nodes with SR-IOV resources
+
+
+def test_the_dra_driver_runs_nicops_plugin_beside_the_kubelet_with_its_device_classes() -> None:
+    """`draDriver: {}` (examples/nicclusterpolicy-dra.yaml): one DaemonSet running `nicop
+    dra-plugin` from the operator's image after the driver, with the kubelet's plugin
+    directories and the CDI directory of the node mounted at the same paths (the kubelet dials
+    the socket path the plugin reports), RBAC for its slices and claims, and both
+    DeviceClasses; in a NicNodePolicy the DaemonSet is named by the policy's hash."""
+    from nicop.api import dra
+    from nicop.operator.states import dra_driver
+    from nicop.operator.states.base import AFTER_DRIVER, name_hash
+
+    spec = yaml.safe_load((ROOT / "examples/nicclusterpolicy-dra.yaml").read_text())["spec"]
+    objects = dra_driver.render(ctx(spec), spec["draDriver"], "spec.draDriver")
+    [ds] = daemonsets(objects)
+    assert ds["metadata"]["name"] == "nicop-dra-driver-ds"
+    pod = pod_of(ds)
+    [plugin] = pod["containers"]
+    assert plugin["image"] == "reg/nicop:1.2"
+    assert plugin["command"][:2] == ["nicop", "dra-plugin"]
+    assert plugin["readinessProbe"]["exec"]["command"] == READY_PROBE
+    assert pod["nodeSelector"].items() >= AFTER_DRIVER.items()
+    assert pod["serviceAccountName"] == "nicop-dra-driver"
+    mounts = {m["mountPath"] for m in plugin["volumeMounts"]}
+    assert {dra.PLUGINS_DIR, dra.REGISTRY_DIR, dra.CDI_DIR} <= mounts
+    hosts = {v["hostPath"]["path"] for v in pod["volumes"]}
+    assert {dra.PLUGINS_DIR, dra.REGISTRY_DIR, dra.CDI_DIR} <= hosts
+    [role] = [o for o in objects if o["kind"] == "ClusterRole"]
+    granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    assert {("resourceslices", "create"), ("resourceslices", "delete"),
+            ("resourceclaims", "get"), ("nodes", "get")} <= granted
+    classes = {o["metadata"]["name"]: o for o in objects if o["kind"] == "DeviceClass"}
+    assert set(classes) == {dra.PF_CLASS, dra.VF_CLASS}
+    assert classes[dra.VF_CLASS]["spec"] == dra.device_class(dra.VF_CLASS, dra.KIND_VF)["spec"]
+
+    node_ctx = ctx({"nodeSelector": {"node-role.kubernetes.io/gpu": ""}})
+    node_ctx.node_policy = "dra-gpu-nodes"
+    [ds] = daemonsets(dra_driver.render(node_ctx, {}, "spec.draDriver"))
+    assert ds["metadata"]["name"] == f"nicop-dra-driver-ds-{name_hash('dra-gpu-nodes')}"
+    assert pod_of(ds)["nodeSelector"]["node-role.kubernetes.io/gpu"] == ""

@@ -43,6 +43,7 @@ METRICS_PORTS = {
     "sriov-config-daemon": 9533,
     "cni-daemon": 9534,
     "sriov-operator-device-plugin": 9535,  # the SR-IOV policies' device plugin DaemonSet
+    "dra-plugin": 9536,
 }
 
 

@@ -44,6 +44,12 @@ FIRMWARE_VERSION = "firmwareVersion"  # version (semver: leading zeros dropped, 
 DRIVER_VERSION = "driverVersion"  # string, of the NVIDIA driver package ("25.10-1.2.8.0")
 
 KIND_PF, KIND_VF = "pf", "vf"
+
+# Where the plugin meets the kubelet and the container runtime, on the node (its DaemonSet
+# mounts them): its socket under the plugins directory, its registration socket, CDI specs.
+PLUGINS_DIR = "/var/lib/kubelet/plugins"
+REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+CDI_DIR = "/var/run/cdi"
 LINK_INFINIBAND, LINK_ETHERNET = "infiniband", "ethernet"
 
 # ResourceSlice limits (resource.k8s.io/v1 validation).

@@ -350,6 +350,17 @@ class SpectrumXOperatorSpec(ImageSpec):
     """Image of the cross-plane component."""
 
 
+class DRADriverSpec(ApiModel):
+    """nicop's DRA driver (rdma.nicop.io): RDMA NICs and VFs as Dynamic Resource Allocation
+    devices, and the DeviceClasses `rdma.nicop.io` (PFs) and `vf.rdma.nicop.io` (VFs). It runs
+    nicop's own image, so there is no image to name. nicop only; upstream has no such section."""
+
+    image_pull_secrets: list[str] = Field(default=[])
+    """Secrets in the operator namespace to pull nicop's image with."""
+    container_resources: list[ResourceRequirements] | None = None
+    """Compute resources of the container `dra-plugin`."""
+
+
 class NicClusterPolicySpec(ApiModel):
     """Which components run on the cluster, and how."""
 
@@ -377,6 +388,8 @@ class NicClusterPolicySpec(ApiModel):
     """NIC configuration operator (firmware and NIC settings)."""
     spectrum_x_operator: SpectrumXOperatorSpec | None = None
     """Spectrum-X operator."""
+    dra_driver: DRADriverSpec | None = None
+    """nicop's DRA driver, publishing RDMA NICs and VFs for ResourceClaims (nicop only)."""
     node_affinity: NodeAffinity | None = None
     """Node affinity of the DaemonSets."""
     tolerations: list[Toleration] | None = None
@@ -474,6 +487,8 @@ class NicNodePolicySpec(ApiModel):
     """The RDMA shared device plugin for these nodes."""
     sriov_device_plugin: DevicePluginSpec | None = None
     """The SR-IOV device plugin for these nodes."""
+    dra_driver: DRADriverSpec | None = None
+    """nicop's DRA driver for these nodes (nicop only)."""
 
 
 class NicNodePolicy(KubeObject):

@@ -272,6 +272,7 @@ def dra_plugin(
     from nicop.node.dra.plugin import DraPlugin
     from nicop.node.dra.publisher import Devices, SlicePublisher
     from nicop.node.host import Host
+    from nicop.node.readiness import Readiness
 
     if not node_name:
         raise fail("the node's name is needed: set NODE_NAME or --node-name")
@@ -292,10 +293,19 @@ def dra_plugin(
                                      interval=poll_interval)
                       for driver, devices in sources.items()]
         plugin = DraPlugin(client, node_name, host)
+        readiness = Readiness()
+
+        async def ready_once_published() -> None:
+            await asyncio.gather(*(p.published.wait() for p in publishers))
+            readiness.set(True)
+
         await plugin.start()
+        marking = asyncio.create_task(ready_once_published())
         try:
             await asyncio.gather(*(p.run(stop) for p in publishers))
         finally:
+            marking.cancel()
+            readiness.clear()
             await plugin.stop()
             for publisher in publishers:
                 await publisher.withdraw()

@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 Handler = Callable[[str, Obj, Obj | None], None]
 IndexFunc = Callable[[Obj], Iterable[str]]
 Transform = Callable[[Obj], Obj]
+NOT_SERVED_RECHECK = 30.0  # seconds between lists of an optional kind the API does not serve
 
 
 def without_managed_fields(obj: Obj) -> Obj:
@@ -101,9 +102,16 @@ class Informer:
         metadata_only: bool = False,
         watch_timeout: int = 300,
         transform: Transform = without_managed_fields,
+        optional: bool = False,
     ) -> None:
         """`transform` trims each object before it is cached (as client-go's SetTransform):
-        keep only what the informer's readers use, and a big cluster fits in little memory."""
+        keep only what the informer's readers use, and a big cluster fits in little memory.
+
+        An `optional` kind may not be served by every cluster (resource.k8s.io/v1 before
+        Kubernetes 1.34): while the API server answers 404 it is an empty cache, synced and
+        connected, listed again every 30 s. Only for built-in kinds: a CRD's kind is briefly
+        404 while a restarted API server loads its CRDs, and must not read as empty then."""
+        self.optional = optional
         self.client = client
         self.transform = transform
         self.res = res
@@ -201,6 +209,11 @@ class Informer:
                 if e.code == 410:
                     need_list = True
                     continue
+                if e.code == 404 and self.optional:
+                    self._not_served()
+                    need_list = True
+                    await asyncio.sleep(NOT_SERVED_RECHECK)
+                    continue
                 self.connected = False
                 log.warning("watch of %s failed: %s; retrying in %.1fs", self.res, e, backoff)
                 await asyncio.sleep(backoff)
@@ -210,6 +223,17 @@ class Informer:
                 log.warning("watch of %s broke: %s; retrying in %.1fs", self.res, e, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30)
+
+    def _not_served(self) -> None:
+        """The API server does not serve this optional kind: nothing of it exists."""
+        if not self.synced.is_set() or len(self.store):
+            log.info("%s is not served by the API server; none exist until it is", self.res)
+        for gone in self.store.items():
+            self.store.remove(key_of(gone))
+            self._emit("DELETED", gone, gone)
+        self._rv = ""
+        self.connected = True
+        self.synced.set()
 
     def _opened(self) -> None:
         self.connected = True

@@ -100,14 +100,16 @@ class Manager:
         label_selector: str | None = None,
         field_selector: str | None = None,
         metadata_only: bool = False,
+        optional: bool = False,
     ) -> Informer:
-        """The shared informer for these parameters (created on first ask)."""
+        """The shared informer for these parameters (created on first ask); `optional`: a
+        built-in kind some clusters do not serve (see Informer)."""
         key = (res, namespace, label_selector, field_selector, metadata_only)
         if key not in self.informers:
             self.informers[key] = Informer(
                 self.client, res, namespace, label_selector=label_selector,
                 field_selector=field_selector, metadata_only=metadata_only,
-                transform=self.transforms.get(res, without_managed_fields),
+                transform=self.transforms.get(res, without_managed_fields), optional=optional,
             )
         return self.informers[key]
 

@@ -29,11 +29,11 @@ from nicop.operator.state_sync import (
     owner_of,
     write_status,
 )
-from nicop.operator.states import ofed, rdma_dp, sriov_dp
+from nicop.operator.states import dra_driver, ofed, rdma_dp, sriov_dp
 from nicop.operator.states.base import Context, RenderError, State
 
 NNP = Resource("mellanox.com", "v1alpha1", "NicNodePolicy", "nicnodepolicies", namespaced=False)
-NNP_STATES: tuple[State, ...] = (ofed.STATE, rdma_dp.STATE, sriov_dp.STATE)
+NNP_STATES: tuple[State, ...] = (ofed.STATE, rdma_dp.STATE, sriov_dp.STATE, dra_driver.STATE)
 KEY = "nicnodepolicies"  # one reconcile for all: overlaps and shared objects span policies
 NOT_READY_RECHECK = 30.0
 

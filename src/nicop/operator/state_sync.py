@@ -36,6 +36,7 @@ from nicop.kube.resources import (
     CRD,
     DAEMONSET,
     DEPLOYMENT,
+    DEVICE_CLASS,
     NODE,
     PERSISTENT_VOLUME_CLAIM,
     SERVICE_ACCOUNT,
@@ -54,7 +55,10 @@ from nicop.operator.writes import WriteFailed
 log = logging.getLogger(__name__)
 
 OWNED = (SERVICE_ACCOUNT, CONFIGMAP, CLUSTER_ROLE, CLUSTER_ROLE_BINDING, DAEMONSET, DEPLOYMENT,
-         CRD, PERSISTENT_VOLUME_CLAIM)
+         CRD, PERSISTENT_VOLUME_CLAIM, DEVICE_CLASS)
+# Kinds older clusters lack (resource.k8s.io/v1 came with Kubernetes 1.34): only a policy with
+# draDriver needs them, so without them the operator still serves every other component.
+MAY_BE_UNSERVED = (DEVICE_CLASS,)
 # As upstream: a component's CRDs stay when its section is removed (their CRs would go with
 # them); they go with the policy, through its ownerReference.
 KEPT_ON_REMOVAL = (CRD,)
@@ -106,7 +110,7 @@ class StateSync:
         self.nodes = manager.informer(NODE)
         self.owned: dict[Resource, Informer] = {
             res: manager.informer(res, namespace if res.namespaced else None,
-                                  label_selector=STATE_LABEL)
+                                  label_selector=STATE_LABEL, optional=res in MAY_BE_UNSERVED)
             for res in OWNED
         }
         # Bumped whenever a node's labels or taints change: the nodes a DaemonSet template fits

@@ -36,9 +36,7 @@ from nicop.node.host import Host
 
 log = logging.getLogger(__name__)
 
-PLUGINS_DIR = "/var/lib/kubelet/plugins"
-REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
-CDI_DIR = "/var/run/cdi"
+PLUGINS_DIR, REGISTRY_DIR, CDI_DIR = dra.PLUGINS_DIR, dra.REGISTRY_DIR, dra.CDI_DIR
 CDI_VERSION = "1.1.0"  # the first with netDevices
 CDI_KIND = f"{dra.DRIVER}/device"
 SUPPORTED_VERSIONS = ["v1.DRAPlugin"]

@@ -34,6 +34,8 @@ class SlicePublisher:
         self.devices = devices
         self.interval = interval
         self.resync = resync
+        self.published = asyncio.Event()
+        """Set once the pool has been written (or found right) the first time."""
 
     async def sync(self, devices: list[dict[str, Any]]) -> SlicePlan:
         """One round: read the pool, write what differs from `devices`."""
@@ -64,6 +66,7 @@ class SlicePublisher:
                 try:
                     await self.sync(devices)
                     published, checked = devices, loop.time()
+                    self.published.set()
                 except ApiError as e:  # the API server restarting, a conflict: next round
                     log.warning("%s: cannot publish the slices of node %s: %s", self.driver,
                                 self.node_name, e)

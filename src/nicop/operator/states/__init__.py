@@ -3,6 +3,7 @@
 from nicop.operator.states import (
     cni_plugins,
     doca_telemetry,
+    dra_driver,
     ib_kubernetes,
     ipoib,
     multus,
@@ -29,4 +30,5 @@ STATES: tuple[State, ...] = (
     doca_telemetry.STATE,
     nic_configuration_operator.STATE,
     spectrum_x_operator.STATE,
+    dra_driver.STATE,
 )

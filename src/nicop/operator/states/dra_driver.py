@@ -1,0 +1,70 @@
+"""state-DRA-driver: nicop's DRA driver (`nicop dra-plugin`) on every node, and its DeviceClasses.
+
+Upstream has no such component; the section is nicop's own. The plugin publishes the node's
+RDMA NICs and VFs as ResourceSlices and prepares the claims the kubelet hands it, so its
+DaemonSet mounts the kubelet's plugin directories and the CDI directory, and starts where the
+driver is ready, as the device plugins do.
+"""
+
+from __future__ import annotations
+
+from nicop.api import dra
+from nicop.api.agents import METRICS_PORTS
+from nicop.api.labels import OWNER_LABEL
+from nicop.kube.resources import Obj
+from nicop.operator.states.base import (
+    AFTER_DRIVER,
+    EVENTS_RULE,
+    Context,
+    State,
+    agent_container,
+    cluster_rbac,
+    daemonset,
+    host_path,
+    metadata,
+    service_account,
+)
+
+NAME = "nicop-dra-driver"
+AGENT = "dra-plugin"
+RESOURCE_GROUP = "resource.k8s.io"
+# What the plugin does in the API: its node's ResourceSlices (owned by the Node), the claims
+# it prepares, and Events on its pod.
+RULES: list[Obj] = [
+    {"apiGroups": [RESOURCE_GROUP], "resources": ["resourceslices"],
+     "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+    {"apiGroups": [RESOURCE_GROUP], "resources": ["resourceclaims"],
+     "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+    EVENTS_RULE,
+]
+HOST_DIRS = {"plugins": dra.PLUGINS_DIR, "plugins-registry": dra.REGISTRY_DIR, "cdi": dra.CDI_DIR,
+             "sys": "/sys", "devs": "/dev"}
+
+
+def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
+    """The plugin's ServiceAccount and RBAC, its DaemonSet (one per NicNodePolicy, named by the
+    policy's hash as the device plugins are) and the two DeviceClasses claims name."""
+    volumes, mounts = [], []
+    for volume_name, host in HOST_DIRS.items():
+        volume, mount = host_path(volume_name, host,
+                                  type_="DirectoryOrCreate" if host != "/sys" else None)
+        volumes.append(volume)
+        mounts.append(mount)
+    plugin = agent_container(ctx, "dra-plugin", spec, [AGENT], mounts=mounts,
+                             metrics_port=METRICS_PORTS[AGENT])
+    app = f"{NAME}{ctx.name_suffix}"
+    classes = [{**c, "metadata": {**c["metadata"], **metadata(ctx, c["metadata"]["name"],
+                                                                namespaced=False)}}
+               for c in dra.device_classes()]
+    return [
+        service_account(ctx, NAME),
+        *cluster_rbac(ctx, NAME, RULES),
+        daemonset(ctx, f"{NAME}-ds{ctx.name_hash_suffix}", spec, [plugin], app=app,
+                  node_selector=AFTER_DRIVER, volumes=volumes, service_account_name=NAME,
+                  pod_labels={OWNER_LABEL: ctx.owner}),
+        *classes,
+    ]
+
+
+STATE = State("state-DRA-driver", ("draDriver",), "DRADriverReady", render)

@@ -1,0 +1,275 @@
+"""nicop's DRA driver as a user deploys it: a NicNodePolicy with `draDriver` for the GPU nodes
+and one with the RDMA shared device plugin for the storage nodes (the heterogeneous cluster of
+upstream's "NCP + NNP deployment flow", Mellanox/network-operator-docs
+docs/customizations/nic-node-policy.rst). The operator renders the plugin's DaemonSet and the
+DeviceClasses; the node stand-in runs the DaemonSet's pod as `nicop dra-plugin`, registers it
+as the kubelet does, and the real kube-scheduler allocates claims from the slices it publishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from lightkube import Client
+from lightkube.generic_resource import create_global_resource
+from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Node, Pod
+from tests.integration.agent_loop import agents, allocatable, delete
+from tests.integration.operator_process import OperatorProcess, wait_for
+from tests.integration.test_dra_alignment import (
+    CLAIM,
+    CLAIM_TEMPLATE,
+    example,
+    pod_named,
+    until,
+)
+from tests.integration.test_operator_node_policy import nnp_status, pod_nodes
+
+from nicop.api import dra
+from nicop.kube.client import ApiClient
+from nicop.kube.resources import DEVICE_CLASS, POD
+from nicop.operator.states.base import name_hash
+from nicop.sim import gpu_dra
+from nicop.sim.cluster import LocalCluster
+from nicop.sim.dra_kubelet import ANNOTATION
+
+NicNodePolicy = create_global_resource(
+    "mellanox.com", "v1alpha1", "NicNodePolicy", "nicnodepolicies")
+ResourceSlice = create_global_resource("resource.k8s.io", "v1", "ResourceSlice",
+                                       "resourceslices")
+DeviceClass = create_global_resource("resource.k8s.io", "v1", "DeviceClass", "deviceclasses")
+ROOT = Path(__file__).resolve().parents[2]
+GPU, STORAGE = "node-role.kubernetes.io/gpu", "node-role.kubernetes.io/storage"
+DRA_NODE, PLUGIN_NODE = "node-1", "node-2"  # the DGX, and a ConnectX-6 Dx node
+DRA_POLICY = "dra-gpu-nodes"
+PLUGIN_POLICY = "rdma-storage-nodes"
+RDMA_RESOURCE = "rdma/rdma_shared_device_a"
+PAIRS = 8
+# The storage nodes' policy: upstream's gpu-nodes example's plugin section, with nicop's agent.
+PLUGIN_NNP: dict[str, Any] = {
+    "apiVersion": "mellanox.com/v1alpha1", "kind": "NicNodePolicy",
+    "metadata": {"name": PLUGIN_POLICY},
+    "spec": {"nodeSelector": {STORAGE: ""}, "rdmaSharedDevicePlugin": {
+        "image": "nicop", "config": json.dumps({"configList": [{
+            "resourceName": "rdma_shared_device_a", "rdmaHcaMax": 63,
+            "selectors": {"vendors": ["15b3"]}}]})}},
+}
+DRA_DS = f"nicop-dra-driver-ds-{name_hash(DRA_POLICY)}"
+PLUGIN_DS = f"rdma-shared-dp-ds-{name_hash(PLUGIN_POLICY)}"
+
+
+def apply_nnp(client: Client, body: dict[str, Any]) -> None:
+    client.apply(NicNodePolicy(**body), field_manager="test", force=True)
+
+
+def slices(client: Client, driver: str) -> dict[str, int]:
+    """Devices published by `driver`, by node."""
+    found: dict[str, int] = {}
+    for s in client.list(ResourceSlice):
+        if s["spec"]["driver"] == driver:
+            node = s["spec"]["nodeName"]
+            found[node] = found.get(node, 0) + len(s["spec"].get("devices") or [])
+    return found
+
+
+def classes(client: Client) -> set[str]:
+    return {c["metadata"]["name"] for c in client.list(DeviceClass)}
+
+
+@pytest.fixture(scope="module")
+def deployed(client: Client, operator: OperatorProcess, cluster: LocalCluster) -> Iterator[None]:
+    """Both node groups with their policies applied and ready."""
+    groups = {DRA_NODE: GPU, PLUGIN_NODE: STORAGE}
+    for node, label in groups.items():
+        client.patch(Node, node, {"metadata": {"labels": {label: ""}}})
+    dra_nnp = yaml.safe_load((ROOT / "examples" / "nicnodepolicy-dra-gpu-nodes.yaml").read_text())
+    apply_nnp(client, dra_nnp)
+    apply_nnp(client, PLUGIN_NNP)
+    for name in (DRA_POLICY, PLUGIN_POLICY):
+        wait_for(lambda n=name: nnp_status(client, n).get("state") == "ready",  # type: ignore[misc]
+                 180, f"NicNodePolicy {name} to become ready")
+    yield
+    for name in (DRA_POLICY, PLUGIN_POLICY):
+        delete(client, NicNodePolicy, name)
+    for node, label in groups.items():
+        client.patch(Node, node, {"metadata": {"labels": {label: None}}})
+    wait_for(lambda: not agents(cluster) and not slices(client, dra.DRIVER), 120,
+             "the policies' agents and slices to go")
+
+
+def test_device_plugins_and_the_dra_driver_run_side_by_side_on_different_nodes(
+    client: Client, kubeconfig: Path, cluster: LocalCluster, namespace: str, deployed: None
+) -> None:
+    """The GPU node runs the DRA driver and no device plugin, the storage node the reverse; a
+    pod claiming an InfiniBand NIC (examples/dra/one-ib-nic.yaml) lands on the GPU node and is
+    prepared by the DaemonSet's plugin, a pod requesting the plugin's resource lands on the
+    storage node and gets its devices."""
+    assert pod_nodes(client, DRA_DS) == {DRA_NODE}
+    assert pod_nodes(client, PLUGIN_DS) == {PLUGIN_NODE}
+    assert {a.command for a in agents(cluster, DRA_NODE)} >= {"dra-plugin"}
+    assert "dra-plugin" not in {a.command for a in agents(cluster, PLUGIN_NODE)}
+    assert slices(client, dra.DRIVER) == {DRA_NODE: PAIRS}
+    assert {dra.PF_CLASS, dra.VF_CLASS} <= classes(client)
+    assert allocatable(client, PLUGIN_NODE, RDMA_RESOURCE) == 63
+    assert allocatable(client, DRA_NODE, RDMA_RESOURCE) == 0
+    states = {s["name"]: s["state"] for s in nnp_status(client, DRA_POLICY)["appliedStates"]}
+    assert states["state-DRA-driver"] == "ready"
+    states = {s["name"]: s["state"] for s in nnp_status(client, PLUGIN_POLICY)["appliedStates"]}
+    assert (states["state-DRA-driver"], states["state-RDMA-device-plugin"]) == ("ignore", "ready")
+
+    limits = {RDMA_RESOURCE: "1"}
+    client.create(Pod(metadata=ObjectMeta(name="plugin-user", namespace=namespace),
+                      spec=PodSpec(containers=[Container(
+                          name="app", image="mellanox/rping-test",
+                          resources=ResourceRequirements(requests=limits, limits=limits))])))
+    template, _ = example("one-ib-nic.yaml", namespace)
+    claimer = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "nic-user", "namespace": namespace},
+               "spec": {"resourceClaims": [{"name": "nic",
+                                            "resourceClaimTemplateName": "one-ib-nic"}],
+                        "containers": [{"name": "app", "image": "registry.local/train:1",
+                                        "resources": {"claims": [{"name": "nic"}]}}]}}
+
+    async def create() -> None:
+        api = ApiClient(kubeconfig)
+        try:
+            await api.create(template, res=CLAIM_TEMPLATE)
+            await api.create(claimer)
+        finally:
+            await api.close()
+    asyncio.run(create())
+
+    def recorded(name: str, annotation: str) -> Any:
+        pod = client.get(Pod, name, namespace=namespace)
+        value = json.loads((pod.metadata.annotations or {}).get(annotation) or "null")
+        if annotation == ANNOTATION and value and value.get("error"):
+            return None  # the node stand-in retries, as the kubelet does
+        return (pod.spec.nodeName, value) if value else None
+
+    node, record = wait_for(lambda: recorded("nic-user", ANNOTATION), 60,
+                            "the claim's CDI devices on its pod")
+    assert node == DRA_NODE
+    [cdi] = record["devices"]["nic"]
+    assert cdi.startswith(f"{dra.DRIVER}/device="), record
+    node, devices = wait_for(lambda: recorded("plugin-user", "nicop.io/devices"), 60,
+                             "the plugin's devices on its pod")
+    assert node == PLUGIN_NODE
+    assert all(d.startswith("/dev/infiniband/") for d in devices["app"][RDMA_RESOURCE]["devices"])
+
+
+def test_eight_gpu_nic_pairs_on_the_dgx_share_their_pcie_root_and_a_ninth_waits(
+    client: Client, kubeconfig: Path, namespace: str, deployed: None
+) -> None:
+    """8 pods each claim a GPU and a NIC on one PCIe root (examples/dra/gpu-and-nic.yaml): all 8
+    are scheduled to the DGX, each pair on one root, no NIC or GPU twice; the 9th stays Pending,
+    unschedulable, and `nicop diagnose pod` says that no GPU or NIC of the DGX is free; `nicop
+    status` counts them. The GPUs are published by the plugin pod too (the simulated NVIDIA GPU
+    driver); their DeviceClass is applied as the GPU driver's chart does."""
+    published = [s.to_dict() if hasattr(s, "to_dict") else dict(s)
+                 for s in client.list(ResourceSlice)]
+    roots = {d["name"]: d["attributes"][dra.PCIE_ROOT]["string"]
+             for s in published if s["spec"]["nodeName"] == DRA_NODE
+             for d in s["spec"].get("devices") or []}
+    assert len(roots) == 2 * PAIRS
+    nic_slices = [s for s in published if s["spec"]["driver"] == dra.DRIVER]
+    print(f"\nNIC ResourceSlices of the DGX: {len(nic_slices)}, "
+          f"{sum(len(json.dumps(s)) for s in nic_slices)} bytes as JSON")
+
+    async def main() -> None:
+        api = ApiClient(kubeconfig)
+        await api.apply(gpu_dra.gpu_device_class(), res=DEVICE_CLASS)
+        try:
+            await trainers(api)
+        finally:
+            items, _ = await api.list(POD, namespace, label_selector="app=dra-train")
+            for pod in items:
+                await api.delete(POD, pod["metadata"]["name"], namespace, grace_seconds=0)
+            await api.delete(CLAIM_TEMPLATE, "gpu-nic", namespace)
+            await api.delete(DEVICE_CLASS, gpu_dra.GPU_CLASS)
+            await api.close()
+
+    async def trainers(api: ApiClient) -> None:
+        template, pod = example("gpu-and-nic.yaml", namespace)
+        await api.create(template, res=CLAIM_TEMPLATE)
+        started = time.monotonic()
+        for i in range(PAIRS + 1):
+            await api.create(pod_named(pod, f"train-{i}"))
+
+        async def pods() -> list[dict[str, Any]]:
+            items, _ = await api.list(POD, namespace, label_selector="app=dra-train")
+            return items
+
+        def unschedulable(pod: dict[str, Any]) -> bool:
+            return any(c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+                       for c in (pod.get("status") or {}).get("conditions") or [])
+
+        async def placed() -> bool:
+            items = await pods()
+            return (sum(p["spec"].get("nodeName") == DRA_NODE for p in items) == PAIRS
+                    and sum(map(unschedulable, items)) == 1)
+        await until(placed, 120, f"{PAIRS} pods scheduled and one unschedulable")
+        print(f"{PAIRS} GPU-NIC pods scheduled in {time.monotonic() - started:.1f}s")
+
+        gpus, nics = [], []
+        for pod in await pods():
+            if not pod["spec"].get("nodeName"):
+                continue
+            [status] = pod["status"]["resourceClaimStatuses"]
+            claim = await api.get(CLAIM, status["resourceClaimName"], namespace)
+            results = {r["request"]: r for r in
+                       claim["status"]["allocation"]["devices"]["results"]}
+            gpu, nic = results["gpu"], results["nic"]
+            assert (gpu["driver"], nic["driver"]) == (gpu_dra.GPU_DRIVER, dra.DRIVER)
+            assert roots[gpu["device"]] == roots[nic["device"]], (gpu, nic)
+            gpus.append(gpu["device"])
+            nics.append(nic["device"])
+        assert len(set(gpus)) == len(set(nics)) == PAIRS
+        [waiting] = [p for p in await pods() if not p["spec"].get("nodeName")]
+        condition = next(c for c in waiting["status"]["conditions"]
+                         if c["type"] == "PodScheduled")
+        assert "claim" in condition["message"].lower(), condition
+        # nicop diagnose says which node comes closest and what it lacks.
+        done = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "nicop", "diagnose", "pod",
+                             f"{namespace}/{waiting['metadata']['name']}",
+                             "--kubeconfig", str(kubeconfig)],
+            capture_output=True, text=True, timeout=120, check=False)
+        said = " ".join(done.stdout.split())
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert f"node {DRA_NODE}: gpu: 0 free of 8 gpu.nvidia.com" in said, said
+        assert "nic: 0 free of 8 rdma.nicop.io" in said, said
+        # nicop status counts the node's DRA devices, allocated and all.
+        shown = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "nicop", "status", "-o", "json",
+                             "--kubeconfig", str(kubeconfig)],
+            capture_output=True, text=True, timeout=120, check=False)
+        [node] = [n for n in json.loads(shown.stdout)["nodes"] if n["name"] == DRA_NODE]
+        assert node["draDevices"] == [
+            {"driver": gpu_dra.GPU_DRIVER, "devices": PAIRS, "allocated": PAIRS},
+            {"driver": dra.DRIVER, "devices": PAIRS, "allocated": PAIRS}]
+
+    asyncio.run(main())
+
+
+def test_removing_the_dra_policy_removes_the_driver_its_slices_and_classes(
+    client: Client, cluster: LocalCluster, deployed: None
+) -> None:
+    """Deleting the GPU nodes' policy stops the plugin (it withdraws its slices), and its
+    DaemonSet and DeviceClasses go; the storage nodes' device plugin keeps serving."""
+    delete(client, NicNodePolicy, DRA_POLICY)
+    wait_for(lambda: not slices(client, dra.DRIVER) and not pod_nodes(client, DRA_DS)
+             and not ({dra.PF_CLASS, dra.VF_CLASS} & classes(client))
+             and "dra-plugin" not in {a.command for a in agents(cluster, DRA_NODE)}, 60,
+             "the DRA driver, its slices and its DeviceClasses to go")
+    assert allocatable(client, PLUGIN_NODE, RDMA_RESOURCE) == 63
+    assert nnp_status(client, PLUGIN_POLICY).get("state") == "ready"
