@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 import yaml
 from lightkube import Client
-from lightkube.generic_resource import create_global_resource
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
 from tests.integration.agent_loop import agents, allocatable, delete
-from tests.integration.operator_process import OperatorProcess, wait_for
+from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
 from tests.integration.test_dra_alignment import (
     CLAIM,
     CLAIM_TEMPLATE,
@@ -42,12 +42,19 @@ from nicop.operator.states.base import name_hash
 from nicop.sim import gpu_dra
 from nicop.sim.cluster import LocalCluster
 from nicop.sim.dra_kubelet import ANNOTATION
+from nicop.sim.hardware import SimulatedHost
 
 NicNodePolicy = create_global_resource(
     "mellanox.com", "v1alpha1", "NicNodePolicy", "nicnodepolicies")
 ResourceSlice = create_global_resource("resource.k8s.io", "v1", "ResourceSlice",
                                        "resourceslices")
 DeviceClass = create_global_resource("resource.k8s.io", "v1", "DeviceClass", "deviceclasses")
+ResourceClaim = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaim",
+                                           "resourceclaims")
+OperatorConfig = create_namespaced_resource("sriovnetwork.openshift.io", "v1",
+                                            "SriovOperatorConfig", "sriovoperatorconfigs")
+SriovPolicy = create_namespaced_resource("sriovnetwork.openshift.io", "v1",
+                                         "SriovNetworkNodePolicy", "sriovnetworknodepolicies")
 ROOT = Path(__file__).resolve().parents[2]
 GPU, STORAGE = "node-role.kubernetes.io/gpu", "node-role.kubernetes.io/storage"
 DRA_NODE, PLUGIN_NODE = "node-1", "node-2"  # the DGX, and a ConnectX-6 Dx node
@@ -55,6 +62,7 @@ DRA_POLICY = "dra-gpu-nodes"
 PLUGIN_POLICY = "rdma-storage-nodes"
 RDMA_RESOURCE = "rdma/rdma_shared_device_a"
 PAIRS = 8
+SRIOV_PF, SRIOV_PF_NAME = "0000:18:00.0", "ibp24s0"  # the DGX's first InfiniBand NIC
 # The storage nodes' policy: upstream's gpu-nodes example's plugin section, with nicop's agent.
 PLUGIN_NNP: dict[str, Any] = {
     "apiVersion": "mellanox.com/v1alpha1", "kind": "NicNodePolicy",
@@ -96,8 +104,13 @@ def deployed(client: Client, operator: OperatorProcess, cluster: LocalCluster) -
     apply_nnp(client, dra_nnp)
     apply_nnp(client, PLUGIN_NNP)
     for name in (DRA_POLICY, PLUGIN_POLICY):
-        wait_for(lambda n=name: nnp_status(client, n).get("state") == "ready",  # type: ignore[misc]
-                 180, f"NicNodePolicy {name} to become ready")
+        try:
+            wait_for(lambda n=name: nnp_status(client, n).get("state") == "ready",  # type: ignore[misc]
+                     180, f"NicNodePolicy {name} to become ready")
+        except AssertionError as e:
+            logs = "".join(f"\n--- {p}\n" + p.read_text()[-3000:]
+                           for p in cluster.state_dir.rglob("*.log") if "dra" in str(p))
+            raise AssertionError(f"{e}; its status: {nnp_status(client, name)}{logs}") from None
     yield
     for name in (DRA_POLICY, PLUGIN_POLICY):
         delete(client, NicNodePolicy, name)
@@ -105,6 +118,7 @@ def deployed(client: Client, operator: OperatorProcess, cluster: LocalCluster) -
         client.patch(Node, node, {"metadata": {"labels": {label: None}}})
     wait_for(lambda: not agents(cluster) and not slices(client, dra.DRIVER), 120,
              "the policies' agents and slices to go")
+    delete(client, OperatorConfig, "default", NAMESPACE)  # made with the SR-IOV policy
 
 
 def test_device_plugins_and_the_dra_driver_run_side_by_side_on_different_nodes(
@@ -261,15 +275,88 @@ def test_eight_gpu_nic_pairs_on_the_dgx_share_their_pcie_root_and_a_ninth_waits(
     asyncio.run(main())
 
 
+def test_vfs_the_sriov_policy_creates_are_claimable_and_leave_the_slice_when_the_link_goes_down(
+    client: Client, kubeconfig: Path, cluster: LocalCluster, namespace: str, deployed: None
+) -> None:
+    """A claim for 2 VFs on InfiniBand PFs with link up (examples/dra/two-ib-vfs.yaml) stays
+    Pending until an SriovNetworkNodePolicy makes the config daemon create VFs on the DGX; the
+    plugin pod then publishes them and the scheduler allocates two. The PF's link going down
+    (a cable pulled: the simulated hardware changes) takes its VFs out of the slice within 5 s."""
+    template, user = example("two-ib-vfs.yaml", namespace)
+    assert user is not None
+    numvfs = cluster.node_root(DRA_NODE) / f"sys/bus/pci/devices/{SRIOV_PF}/sriov_numvfs"
+
+    def vfs_published() -> list[dict[str, Any]]:
+        return [d for s in client.list(ResourceSlice)
+                if s["spec"]["driver"] == dra.DRIVER and s["spec"]["nodeName"] == DRA_NODE
+                for d in s["spec"].get("devices") or []
+                if d["attributes"][dra.KIND]["string"] == dra.KIND_VF]
+
+    def pod() -> Pod:
+        return client.get(Pod, "vf-user", namespace=namespace)
+
+    async def create() -> None:
+        api = ApiClient(kubeconfig)
+        try:
+            await api.create(template, res=CLAIM_TEMPLATE)
+            await api.create(user)
+        finally:
+            await api.close()
+    asyncio.run(create())
+    wait_for(lambda: any(c.reason == "Unschedulable" for c in pod().status.conditions or []),
+             60, "the claim to find no VFs")
+    client.apply(SriovPolicy(metadata=ObjectMeta(name="dgx-ib-vfs", namespace=NAMESPACE), spec={
+        "resourceName": "dgx_ib_vf", "nodeSelector": {"kubernetes.io/hostname": DRA_NODE},
+        "numVfs": 4, "nicSelector": {"pfNames": [SRIOV_PF_NAME]}, "isRdma": True,
+        "linkType": "ib"}), field_manager="test", force=True)
+    try:
+        wait_for(lambda: numvfs.read_text().strip() == "4", 180, "the config daemon's VFs")
+        created = time.monotonic()
+        wait_for(lambda: len(vfs_published()) == 4, 10, "the VFs in the slice")
+        print(f"\nVFs created to slice update: {time.monotonic() - created:.2f}s")
+        wait_for(lambda: pod().spec.nodeName == DRA_NODE, 60, "the pod scheduled with two VFs")
+        taken = {r["device"] for r in _allocation(client, pod(), namespace)}
+        by_name = {d["name"]: d for d in vfs_published()}
+        assert len(taken) == 2 and taken <= set(by_name)
+        assert {by_name[d]["attributes"][dra.PF_NAME]["string"] for d in taken} == {SRIOV_PF_NAME}
+
+        host = SimulatedHost(cluster.node_root(DRA_NODE))
+        down = time.monotonic()
+        host.set_link(SRIOV_PF_NAME, False)
+        try:
+            wait_for(lambda: not vfs_published(), 5,
+                     "the VFs of the PF whose link went down to leave the slice")
+            print(f"PF link down to VFs out of the slice: {time.monotonic() - down:.2f}s")
+        finally:
+            host.set_link(SRIOV_PF_NAME, True)
+    finally:
+        delete(client, Pod, "vf-user", namespace)
+        delete(client, SriovPolicy, "dgx-ib-vfs", NAMESPACE)
+        wait_for(lambda: numvfs.read_text().strip() == "0", 120, "the VFs to be removed")
+
+
+def _allocation(client: Client, pod: Pod, namespace: str) -> list[dict[str, Any]]:
+    [status] = pod.status.resourceClaimStatuses
+    claim = client.get(ResourceClaim, status.resourceClaimName, namespace=namespace)
+    return list(claim["status"]["allocation"]["devices"]["results"])
+
+
 def test_removing_the_dra_policy_removes_the_driver_its_slices_and_classes(
     client: Client, cluster: LocalCluster, deployed: None
 ) -> None:
     """Deleting the GPU nodes' policy stops the plugin (it withdraws its slices), and its
     DaemonSet and DeviceClasses go; the storage nodes' device plugin keeps serving."""
     delete(client, NicNodePolicy, DRA_POLICY)
-    wait_for(lambda: not slices(client, dra.DRIVER) and not pod_nodes(client, DRA_DS)
-             and not ({dra.PF_CLASS, dra.VF_CLASS} & classes(client))
-             and "dra-plugin" not in {a.command for a in agents(cluster, DRA_NODE)}, 60,
-             "the DRA driver, its slices and its DeviceClasses to go")
+
+    def left() -> dict[str, Any]:
+        return {k: v for k, v in {
+            "slices": slices(client, dra.DRIVER), "pods": pod_nodes(client, DRA_DS),
+            "classes": {dra.PF_CLASS, dra.VF_CLASS} & classes(client),
+            "agents": [a for a in agents(cluster, DRA_NODE) if a.command == "dra-plugin"],
+        }.items() if v}
+    deadline = time.monotonic() + 60
+    while remaining := left():
+        assert time.monotonic() < deadline, f"60 s after the policy was deleted: {remaining}"
+        time.sleep(0.2)
     assert allocatable(client, PLUGIN_NODE, RDMA_RESOURCE) == 63
     assert nnp_status(client, PLUGIN_POLICY).get("state") == "ready"

@@ -176,6 +176,8 @@ def test_the_dra_driver_runs_nicops_plugin_beside_the_kubelet_with_its_device_cl
     assert plugin["image"] == "reg/nicop:1.2"
     assert plugin["command"][:2] == ["nicop", "dra-plugin"]
     assert plugin["readinessProbe"]["exec"]["command"] == READY_PROBE
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} \
+        in plugin["env"]
     assert pod["nodeSelector"].items() >= AFTER_DRIVER.items()
     assert pod["serviceAccountName"] == "nicop-dra-driver"
     mounts = {m["mountPath"] for m in plugin["volumeMounts"]}

@@ -357,8 +357,8 @@ class DRADriverSpec(ApiModel):
 
     image_pull_secrets: list[str] = Field(default=[])
     """Secrets in the operator namespace to pull nicop's image with."""
-    container_resources: list[ResourceRequirements] | None = None
-    """Compute resources of the container `dra-plugin`."""
+    container_resources: list[ResourceRequirements] | None = Field(default=None, max_length=1)
+    """Compute resources of its one container, `dra-plugin`."""
 
 
 class NicClusterPolicySpec(ApiModel):

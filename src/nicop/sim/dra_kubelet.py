@@ -3,7 +3,9 @@ the node's plugins_registry, and for each pod bound to the node whose claims are
 NodePrepareResources on the drivers of those claims and records the CDI devices on the pod
 (annotation `nicop.io/dra-devices`), since no container runtime exists to receive them; when the
 pod goes, it calls NodeUnprepareResources. As the kubelet, it retries a pod whose driver has not
-registered yet or answered with an error, and records the error on the pod meanwhile.
+registered yet or answered with an error, and records the error on the pod meanwhile, and 30 s
+after a plugin unregisters (and has not come back) it deletes that driver's ResourceSlices of
+its node: a plugin removed with its RBAC cannot delete them itself.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from grpc import aio
 
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.informer import Informer
-from nicop.kube.resources import POD, RESOURCE_CLAIM, Obj
+from nicop.kube.resources import POD, RESOURCE_CLAIM, RESOURCE_SLICE, Obj
 from nicop.node.dra import dra_pb2 as pb
 from nicop.node.dra import dra_pb2_grpc, registration_pb2_grpc
 from nicop.node.dra import registration_pb2 as reg
@@ -30,6 +32,7 @@ log = logging.getLogger(__name__)
 
 ANNOTATION = "nicop.io/dra-devices"
 VERSION = "v1.DRAPlugin"
+WIPE_DELAY = 30.0  # the kubelet's delay before it deletes an unregistered driver's slices
 
 
 @dataclass
@@ -42,7 +45,8 @@ class Prepared:
 
 class DraKubelet:
     def __init__(self, client: ApiClient, node_name: str, host: Host,
-                 pods: Informer | None = None, interval: float = 0.5) -> None:
+                 pods: Informer | None = None, interval: float = 0.5,
+                 wipe_delay: float = WIPE_DELAY) -> None:
         """`pods` is an informer of the node's pods that someone else runs (the pod runner's);
         without it this runs its own."""
         self.client = client
@@ -51,6 +55,8 @@ class DraKubelet:
         self.interval = interval
         self.drivers: dict[str, str] = {}  # driver -> endpoint (a real path on this machine)
         self._sockets: dict[str, str] = {}  # registration socket -> driver
+        self.wipe_delay = wipe_delay
+        self._unregistered: dict[str, float] = {}  # driver -> when its plugin went
         self._own_informer = pods is None
         self.pods = pods or Informer(client, POD, field_selector=f"spec.nodeName={node_name}")
         self._prepared: dict[str, Prepared] = {}  # pod uid -> what it got
@@ -62,6 +68,7 @@ class DraKubelet:
         try:
             while not stop.is_set():
                 await self._watch_registry()
+                await self._wipe_slices()
                 await self._sync_pods()
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
@@ -80,6 +87,7 @@ class DraKubelet:
         for gone in set(self._sockets) - present:
             driver = self._sockets.pop(gone)
             self.drivers.pop(driver, None)
+            self._unregistered[driver] = asyncio.get_running_loop().time()
             log.info("dra kubelet: plugin %s unregistered on %s", driver, self.node_name)
         for path in present - set(self._sockets):
             try:
@@ -97,7 +105,28 @@ class DraKubelet:
             self._sockets[path] = info.name
             if ok:
                 self.drivers[info.name] = str(self.host.path(info.endpoint))
+                self._unregistered.pop(info.name, None)
                 log.info("dra kubelet: registered %s on %s", info.name, self.node_name)
+
+    async def _wipe_slices(self) -> None:
+        """Delete the slices of drivers unregistered for `wipe_delay` seconds (kept on error)."""
+        now = asyncio.get_running_loop().time()
+        for driver, since in list(self._unregistered.items()):
+            if now - since < self.wipe_delay:
+                continue
+            try:
+                slices, _ = await self.client.list(
+                    RESOURCE_SLICE, field_selector=f"spec.nodeName={self.node_name},"
+                                                   f"spec.driver={driver}")
+                for obj in slices:
+                    await self.client.delete(RESOURCE_SLICE, obj["metadata"]["name"])
+            except ApiError as e:
+                log.warning("dra kubelet: cannot delete the slices of %s: %s", driver, e)
+                continue
+            del self._unregistered[driver]
+            if slices:
+                log.info("dra kubelet: deleted the %d slices of unregistered %s on %s",
+                         len(slices), driver, self.node_name)
 
     # ------------------------------------------------------------------ pods
     async def _sync_pods(self) -> None:

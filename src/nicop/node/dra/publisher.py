@@ -75,10 +75,16 @@ class SlicePublisher:
                 await asyncio.wait_for(stop.wait(), self.interval)
 
     async def withdraw(self) -> None:
-        """Delete the node's slices of this driver (the plugin is removed from the node)."""
-        current, _ = await self.client.list(
-            RESOURCE_SLICE,
-            field_selector=f"spec.nodeName={self.node_name},spec.driver={self.driver}")
-        for obj in current:
-            await self.client.delete(RESOURCE_SLICE, obj["metadata"]["name"])
+        """Delete the node's slices of this driver (the plugin is removed from the node). When
+        the API refuses (the plugin's RBAC went first), the kubelet deletes them 30 s after the
+        plugin unregistered."""
+        try:
+            current, _ = await self.client.list(
+                RESOURCE_SLICE,
+                field_selector=f"spec.nodeName={self.node_name},spec.driver={self.driver}")
+            for obj in current:
+                await self.client.delete(RESOURCE_SLICE, obj["metadata"]["name"])
+        except ApiError as e:
+            log.warning("%s: cannot delete the slices of node %s (%s); the kubelet deletes them "
+                        "30 s after the plugin unregistered", self.driver, self.node_name, e)
 

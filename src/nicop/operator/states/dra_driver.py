@@ -51,7 +51,8 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
                                   type_="DirectoryOrCreate" if host != "/sys" else None)
         volumes.append(volume)
         mounts.append(mount)
-    plugin = agent_container(ctx, "dra-plugin", spec, [AGENT], mounts=mounts,
+    node_name = {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+    plugin = agent_container(ctx, "dra-plugin", spec, [AGENT], mounts=mounts, env=[node_name],
                              metrics_port=METRICS_PORTS[AGENT])
     app = f"{NAME}{ctx.name_suffix}"
     classes = [{**c, "metadata": {**c["metadata"], **metadata(ctx, c["metadata"]["name"],
