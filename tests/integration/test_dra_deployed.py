@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -20,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 from lightkube import Client
+from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
@@ -179,6 +182,70 @@ def test_device_plugins_and_the_dra_driver_run_side_by_side_on_different_nodes(
                              "the plugin's devices on its pod")
     assert node == PLUGIN_NODE
     assert all(d.startswith("/dev/infiniband/") for d in devices["app"][RDMA_RESOURCE]["devices"])
+
+
+def test_the_deployed_plugin_writes_the_cdi_spec_and_releases_it_after_a_restart(
+    client: Client, kubeconfig: Path, cluster: LocalCluster, namespace: str, deployed: None
+) -> None:
+    """The DaemonSet's plugin prepares a pod's NIC claim (examples/dra/one-ib-nic.yaml) as a CDI
+    spec naming that NIC's /dev/infiniband nodes. Then the plugin is killed and the pod deleted
+    while it is down: once the node stand-in has restarted it (its checkpoint holds what it
+    prepared), the kubelet's retried NodeUnprepareResources removes the spec, and the claim
+    goes with the pod."""
+    template, _ = example("one-ib-nic.yaml", namespace)
+    user = {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "nic-user", "namespace": namespace},
+            "spec": {"resourceClaims": [{"name": "nic", "resourceClaimTemplateName": "one-ib-nic"}],
+                     "containers": [{"name": "app", "image": "registry.local/train:1",
+                                     "resources": {"claims": [{"name": "nic"}]}}]}}
+
+    async def create() -> None:
+        api = ApiClient(kubeconfig)
+        try:
+            await api.create(template, res=CLAIM_TEMPLATE)
+            await api.create(user)
+        finally:
+            await api.close()
+    asyncio.run(create())
+
+    def prepared() -> Any:
+        pod = client.get(Pod, "nic-user", namespace=namespace)
+        record = json.loads((pod.metadata.annotations or {}).get(ANNOTATION) or "null")
+        return pod if record and not record.get("error") else None
+
+    pod = wait_for(prepared, 60, "the claim prepared on its pod")
+    claim_name = pod.status.resourceClaimStatuses[0].resourceClaimName
+    claim = client.get(ResourceClaim, claim_name, namespace=namespace)
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    root = cluster.node_root(DRA_NODE)
+    spec_file = root / f"var/run/cdi/{dra.DRIVER}-{claim['metadata']['uid']}.json"
+    [device] = json.loads(spec_file.read_text())["devices"]
+    nodes = [n["path"] for n in device["containerEdits"]["deviceNodes"]]
+    ibdev = next(d["attributes"][dra.RDMA_DEVICE]["string"] for s in client.list(ResourceSlice)
+                 if s["spec"]["driver"] == dra.DRIVER for d in s["spec"]["devices"]
+                 if d["name"] == result["device"])
+    verbs = [n for n in nodes if Path(n).name.startswith("uverbs")]
+    assert len(verbs) == 1, nodes
+    assert (root / "sys/class/infiniband_verbs" / Path(verbs[0]).name / "ibdev").read_text(
+        ).strip() == ibdev
+    assert all(n.startswith("/dev/infiniband/") and (root / n.lstrip("/")).exists()
+               for n in nodes), nodes
+
+    [plugin] = [a for a in agents(cluster, DRA_NODE) if a.command == "dra-plugin"]
+    os.kill(plugin.pid, signal.SIGKILL)
+    delete(client, Pod, "nic-user", namespace)
+    wait_for(lambda: [a for a in agents(cluster, DRA_NODE)
+                      if a.command == "dra-plugin" and a.pid != plugin.pid], 60,
+             "the node stand-in to restart the plugin")
+    wait_for(lambda: not spec_file.exists(), 60, "the CDI spec removed once the plugin is back")
+
+    def claim_gone() -> bool:
+        try:
+            client.get(ResourceClaim, claim_name, namespace=namespace)
+        except ApiError as e:
+            return e.status.code == 404
+        return False
+    wait_for(claim_gone, 60, "the pod's claim to go with it")
 
 
 def test_eight_gpu_nic_pairs_on_the_dgx_share_their_pcie_root_and_a_ninth_waits(

@@ -60,6 +60,7 @@ class DraKubelet:
         self._own_informer = pods is None
         self.pods = pods or Informer(client, POD, field_selector=f"spec.nodeName={node_name}")
         self._prepared: dict[str, Prepared] = {}  # pod uid -> what it got
+        self._releasing: dict[str, Prepared] = {}  # pod uid -> what is still to unprepare
         self._wake = asyncio.Event()
         self.pods.on_change(lambda event, obj, old: self._wake.set())
 
@@ -138,7 +139,10 @@ class DraKubelet:
                     "deletionTimestamp") and not done:
                 current[meta["uid"]] = pod
         for uid in set(self._prepared) - set(current):
-            await self._unprepare(self._prepared.pop(uid))
+            self._releasing[uid] = self._prepared.pop(uid)
+        for uid, prepared in list(self._releasing.items()):
+            if await self._unprepare(prepared):
+                del self._releasing[uid]
         for uid, pod in current.items():
             if uid not in self._prepared:
                 await self._prepare(pod)
@@ -194,18 +198,28 @@ class DraKubelet:
             await self.client.patch(POD, meta["name"], {"metadata": {"annotations": {
                 ANNOTATION: json.dumps(record, sort_keys=True)}}}, meta["namespace"])
 
-    async def _unprepare(self, prepared: Prepared) -> None:
-        for driver, claims in prepared.claims.items():
+    async def _unprepare(self, prepared: Prepared) -> bool:
+        """Unprepare the claims; those a driver could not (not registered, not answering, an
+        error) stay in `prepared` and False is returned: as the kubelet, the caller retries
+        until the driver has released them."""
+        for driver, claims in list(prepared.claims.items()):
             endpoint = self.drivers.get(driver)
             if endpoint is None:
                 continue
             try:
                 async with aio.insecure_channel(f"unix://{endpoint}") as channel:
-                    await _dra(channel).NodeUnprepareResources(
+                    answer = await _dra(channel).NodeUnprepareResources(
                         pb.NodeUnprepareResourcesRequest(claims=claims), timeout=45)
             except aio.AioRpcError as e:
                 log.warning("dra kubelet: %s could not unprepare %s: %s", driver,
                             [c.name for c in claims], e.code().name)
+                continue
+            if errors := [r.error for r in answer.claims.values() if r.error]:
+                log.warning("dra kubelet: %s could not unprepare %s: %s", driver,
+                            [c.name for c in claims], "; ".join(errors))
+                continue
+            del prepared.claims[driver]
+        return not prepared.claims
 
 
 def _dra(channel: aio.Channel) -> Any:
