@@ -78,6 +78,9 @@ def one_run(nodes: int, rest: float, trace_memory: bool) -> dict[str, float]:
         print("API requests by verb and resource (start -> end):")
         for (verb, res), n in sorted(after.items(), key=lambda kv: -kv[1]):
             print(f"  {verb:7s} {res:32s} {n:7d}")
+        print("reconciles by controller (start -> end): count, seconds, ms each")
+        for name, (n, secs) in sorted(op.reconciles().items(), key=lambda kv: -kv[1][1]):
+            print(f"  {name:32s} {n:7d} {secs:8.2f} {1000 * secs / max(n, 1):8.1f}")
         print("watch events received by resource:")
         for res, size in sorted(op.watch_bytes().items(), key=lambda kv: -kv[1]):
             print(f"  {res:40s} {size / 2**20:8.2f} MiB")

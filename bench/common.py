@@ -95,6 +95,18 @@ class Operator:
                 for (name, labels), value in self.metrics().items()
                 if name == "nicop_api_watch_bytes_total"}
 
+    def reconciles(self) -> dict[str, tuple[int, float]]:
+        """controller -> (reconciles so far, seconds spent in them)."""
+        count: dict[str, int] = {}
+        seconds: dict[str, float] = {}
+        for (name, labels), value in self.metrics().items():
+            controller = dict(LABEL.findall(labels)).get("controller", "")
+            if name == "nicop_reconcile_seconds_count":
+                count[controller] = int(value)
+            elif name == "nicop_reconcile_seconds_sum":
+                seconds[controller] = value
+        return {c: (n, seconds.get(c, 0.0)) for c, n in count.items()}
+
     def cpu_seconds(self) -> float:
         """utime + stime of the operator process so far."""
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()

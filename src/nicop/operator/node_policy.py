@@ -110,6 +110,8 @@ class NodePolicyController:
         policies = sorted(self.policies.store.items(), key=lambda p: p["metadata"]["name"])
         await self._delete_orphans({p["metadata"]["name"] for p in policies})
         metrics.keep_policies(NNP.kind, (p["metadata"]["name"] for p in policies))
+        if not policies:
+            return None  # the cluster policy's objects change often; nothing here to judge
         nodes = self.nodes.store.items()
         managed = [n for n in nodes if is_managed(n)]
         unmanaged = [r for n in nodes if (r := unmanaged_reason(n))]

@@ -45,9 +45,9 @@ from nicop.api.labels import (
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Controller, Manager, Result
+from nicop.kube.node_pods import NodePods
 from nicop.kube.resources import (
     NODE,
-    POD,
     SRIOV_NODE_STATE,
     SRIOV_OPERATOR_CONFIG,
     SRIOV_POOL_CONFIG,
@@ -71,7 +71,6 @@ DEFAULT_RESOURCE_PREFIX = "nvidia.com"  # what the NVIDIA Network Operator's cha
 RESOURCE_PREFIX_ENV = "RESOURCE_PREFIX"  # upstream's variable for it
 DEFAULT_POOL = ""  # nodes that match no SriovNetworkPoolConfig
 DEFAULT_POOL_MAX_UNAVAILABLE = 1
-POD_NODE_INDEX = "sriov-drain-node"
 ACTIVE_RECHECK = 1.0
 SRIOV_LOGGERS = ("nicop.operator.sriov", "nicop.operator.sriov_drain",
                  "nicop.operator.sriov_networks")
@@ -166,6 +165,13 @@ def resource_prefix(given: str | None = None) -> str:
     return given or os.environ.get(RESOURCE_PREFIX_ENV) or DEFAULT_RESOURCE_PREFIX
 
 
+def _needs_pods(state: Obj) -> bool:
+    """The node is drained, or drained for less than the reboot it now needs."""
+    ann = _annotations(state)
+    return ann.get(CURRENT_STATE) == DRAINING or (
+        ann.get(CURRENT_STATE) == DRAIN_COMPLETE and ann.get(DESIRED_STATE) == REBOOT_REQUIRED)
+
+
 def _annotations(obj: Obj) -> dict[str, str]:
     return obj["metadata"].get("annotations") or {}
 
@@ -187,27 +193,19 @@ class SriovDrainController:
         self.nodes = manager.informer(NODE)
         self.pools = manager.informer(POOL_CONFIG, namespace)
         self.configs = manager.informer(OPERATOR_CONFIG, namespace)
-        self.pods = manager.informer(POD)
-        self.pods.store.add_index(POD_NODE_INDEX,
-                                  lambda p: [(p.get("spec") or {}).get("nodeName") or ""])
+        # Pods only of the nodes being drained.
+        self.node_pods = NodePods(manager, lambda ev, obj, old: self.controller.queue.add_batched(
+            self.KEY))
         self.controller = manager.add(Controller("sriov-drain", self.reconcile))
         for informer in (self.pools, self.configs):
             informer.on_change(lambda ev, obj, old: self.controller.queue.add(self.KEY))
         self.states.on_change(lambda ev, obj, old: self.controller.queue.add_batched(self.KEY))
         self.nodes.on_change(self._node_changed)
-        self.pods.on_change(self._pod_changed)
         self._blocked_events: dict[str, str] = {}
 
     def _node_changed(self, event: str, node: Obj, old: Obj | None) -> None:
         if old is None or node["metadata"].get("labels") != old["metadata"].get("labels") \
                 or _annotations(node) != _annotations(old) or node.get("spec") != old.get("spec"):
-            self.controller.queue.add_batched(self.KEY)
-
-    def _pod_changed(self, event: str, pod: Obj, old: Obj | None) -> None:
-        """Pods matter only on nodes being drained."""
-        node = (pod.get("spec") or {}).get("nodeName") or ""
-        state = self.states.store.get(f"{self.namespace}/{node}")
-        if state is not None and _annotations(state).get(CURRENT_STATE) == DRAINING:
             self.controller.queue.add_batched(self.KEY)
 
     # ------------------------------------------------------------------ reconcile
@@ -216,6 +214,7 @@ class SriovDrainController:
         apply_log_level(config)
         no_drain = disable_drain(config)
         states = sorted(self.states.store.items(), key=lambda s: s["metadata"]["name"])
+        await self.node_pods.keep(s["metadata"]["name"] for s in states if _needs_pods(s))
         active = False
         for state in states:
             active |= await self._step(state, no_drain)
@@ -248,10 +247,12 @@ class SriovDrainController:
         if current == DRAINING:
             return await self._drain(state, node, reboot, no_drain)
         if current == DRAIN_COMPLETE and reboot and not no_drain \
-                and self._to_evict(node, reboot) and not ann.get(EXTERNAL_DRAINER):
+                and not ann.get(EXTERNAL_DRAINER):
             # Drained for Drain_Required, but the daemon now needs a reboot: drain everything.
-            await self._annotate_state(state, {CURRENT_STATE: DRAINING})
-            return True
+            left = self._to_evict(node, reboot)
+            if left:
+                await self._annotate_state(state, {CURRENT_STATE: DRAINING})
+            return left is None or bool(left)
         return False
 
     async def _start_drains(self, no_drain: bool) -> bool:
@@ -312,8 +313,11 @@ class SriovDrainController:
             started = True
         return started
 
-    def _to_evict(self, node: Obj, reboot: bool) -> list[Obj]:
-        pods = self.pods.store.by_index(POD_NODE_INDEX, node["metadata"]["name"])
+    def _to_evict(self, node: Obj, reboot: bool) -> list[Obj] | None:
+        """The pods the drain must evict; None until the node's pods are listed."""
+        pods = self.node_pods.pods(node["metadata"]["name"])
+        if pods is None:
+            return None
         return [p for p in pods
                 if evictable(p, "") and (reboot or uses_resource(p, self.prefix))]
 
@@ -324,6 +328,8 @@ class SriovDrainController:
             await self._cordon(node)
         blocked: list[str] = []
         remaining = [] if no_drain else self._to_evict(node, reboot)
+        if remaining is None:
+            return True  # the listing wakes this controller
         for pod in remaining:
             m = pod["metadata"]
             if m.get("deletionTimestamp"):

@@ -58,6 +58,7 @@ from nicop.api.upgrade import (
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Controller, Manager, Result
+from nicop.kube.node_pods import NodePods
 from nicop.kube.resources import CONTROLLER_REVISION, NODE, POD, Obj
 from nicop.kube.resources import NIC_CLUSTER_POLICY as NCP
 from nicop.kube.times import parse, stamp, utcnow
@@ -222,15 +223,16 @@ class UpgradeController:
         self.driver_pods = manager.informer(POD, namespace, label_selector=DRIVER_LABEL)
         self.revisions = manager.informer(CONTROLLER_REVISION, namespace,
                                           label_selector=DRIVER_LABEL)
-        self.pods = manager.informer(POD)
-        self.pods.store.add_index("node", lambda p: [(p.get("spec") or {}).get("nodeName", "")])
+        # Workload pods only of nodes waiting for their jobs or draining.
+        self.node_pods = NodePods(manager, lambda ev, obj, old: self.controller.queue.add(
+            self.KEY))
         self.controller = manager.add(Controller("ofed-upgrade", self.reconcile))
         # A driver pod's change moves its node on at once (a rollout is a chain of them); with
         # settled nodes skipped, a reconcile costs little even on a big cluster.
-        for informer in (self.policies, self.node_policies, self.driver_pods, self.revisions):
+        for informer in (self.policies, self.node_policies, self.revisions):
             informer.on_change(lambda ev, obj, old: self.controller.queue.add(self.KEY))
+        self.driver_pods.on_change(self._driver_pod_changed)
         self.nodes.on_change(self._node_changed)
-        self.pods.on_change(self._pod_changed)
 
     def _node_changed(self, event: str, node: Obj, old: Obj | None) -> None:
         """The upgrade labels, annotations and spec matter; other controllers' labels (e.g.
@@ -240,18 +242,21 @@ class UpgradeController:
                 or node.get("spec") != old.get("spec"):
             self.controller.queue.add(self.KEY)
 
-    def _pod_changed(self, event: str, pod: Obj, old: Obj | None) -> None:
-        """Workload pods matter only on nodes that are waiting for jobs or draining."""
+    def _driver_pod_changed(self, event: str, pod: Obj, old: Obj | None) -> None:
+        """A driver pod of a node mid-upgrade moves it on at once; those of the other nodes
+        (a first rollout: a thousand pods turning ready) are taken a burst at a time."""
         node = self.nodes.store.get((pod.get("spec") or {}).get("nodeName") or "")
-        if node and (node["metadata"].get("labels") or {}).get(STATE_LABEL) in (
-            WAIT_FOR_JOBS, DRAIN
-        ):
+        if node and (node["metadata"].get("labels") or {}).get(STATE_LABEL, "") not in ("", DONE):
             self.controller.queue.add(self.KEY)
+        else:
+            self.controller.queue.add_batched(self.KEY)
 
     # ------------------------------------------------------------------ reconcile
     async def reconcile(self, key: str) -> Result | None:
         plans = self._plans()
         views = self._views()
+        await self.node_pods.keep(v.name for v in views
+                                  if v.pool in plans and v.state in (WAIT_FOR_JOBS, DRAIN))
         # A pool without automatic upgrades: drop its state labels, uncordon what nicop cordoned.
         for view in views:
             if view.pool not in plans and STATE_LABEL in view.labels:
@@ -376,6 +381,8 @@ class UpgradeController:
 
     async def _start_new(self, views: list[NodeView], plan: Plan) -> bool:
         """Let waiting nodes begin while maxParallelUpgrades and maxUnavailable allow."""
+        if not any(v.state == REQUIRED for v in views):
+            return False  # nobody waits: no slots to count
         moved = False
         for view in nodes_to_start(views, plan.max_parallel, plan.spec.get("maxUnavailable")):
             moved |= await self._set(view, CORDON)
@@ -385,7 +392,10 @@ class UpgradeController:
         selector = plan.wait.get("podSelector")
         timeout = int(plan.wait.get("timeoutSeconds") or 0)
         if selector:
-            running = [p for p in self.pods.store.by_index("node", view.name)
+            pods = self.node_pods.pods(view.name)
+            if pods is None:
+                return False  # known once listed; the listing wakes this controller
+            running = [p for p in pods
                        if selector_matches(selector, p["metadata"].get("labels") or {})
                        and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
             started = view.annotations.get(WAIT_START_ANNOTATION)
@@ -399,13 +409,16 @@ class UpgradeController:
     async def _drain(self, view: NodeView, plan: Plan) -> bool:
         if not plan.drain.get("enable", True):
             return await self._set(view, POD_RESTART)
+        pods = self.node_pods.pods(view.name)
+        if pods is None:
+            return False  # known once listed; the listing wakes this controller
         started = view.annotations.get(DRAIN_START_ANNOTATION)
         if not started:
             await self._patch(view, annotations={DRAIN_START_ANNOTATION: stamp()})
         selector = plan.drain.get("podSelector") or ""
         blocked: list[str] = []
         remaining = []
-        for pod in self.pods.store.by_index("node", view.name):
+        for pod in pods:
             if not evictable(pod, selector):
                 continue
             name = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
