@@ -45,11 +45,11 @@ def progress(nodes: list[Obj]) -> Obj | None:
     """The rolling-upgrade summary of status.driverUpgrade, from the nodes' upgrade labels."""
     counts = {"done": 0, "inProgress": 0, "waiting": 0, "failed": 0}
     in_progress, failed = [], []
-    for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
+    for node in nodes:
         state = labels_of(node).get(STATE_LABEL)
-        name = node["metadata"]["name"]
         if state is None:
             continue
+        name = node["metadata"]["name"]
         if state == DONE:
             counts["done"] += 1
         elif state == FAILED:
@@ -63,5 +63,7 @@ def progress(nodes: list[Obj]) -> Obj | None:
             counts["waiting"] += 1
     if not any(counts.values()):
         return None
+    in_progress.sort()
+    failed.sort(key=lambda f: f["name"])
     return {**counts, **({"inProgressNodes": in_progress} if in_progress else {}),
             **({"failedNodes": failed} if failed else {})}

@@ -116,22 +116,23 @@ class NodeView:
     pod: Obj | None  # None while the driver pod is being replaced
     in_sync: bool
     pool: str = OWNER_VALUE  # whose driver pool: NicClusterPolicy or nnp-<name>
+    # Read once: every reconcile looks at every node's state several times.
+    name: str = field(init=False)
+    labels: dict[str, str] = field(init=False)
+    annotations: dict[str, str] = field(init=False)
+    state: str = field(init=False)
 
-    @property
-    def name(self) -> str:
-        return str(self.node["metadata"]["name"])
+    def __post_init__(self) -> None:
+        self.update(self.node)
 
-    @property
-    def labels(self) -> dict[str, str]:
-        return self.node["metadata"].get("labels") or {}
-
-    @property
-    def annotations(self) -> dict[str, str]:
-        return self.node["metadata"].get("annotations") or {}
-
-    @property
-    def state(self) -> str:
-        return self.labels.get(STATE_LABEL, "")
+    def update(self, node: Obj) -> None:
+        """The node as the API server returned it after a write."""
+        self.node = node
+        meta = node["metadata"]
+        self.name = str(meta["name"])
+        self.labels = meta.get("labels") or {}
+        self.annotations = meta.get("annotations") or {}
+        self.state = self.labels.get(STATE_LABEL, "")
 
     @property
     def unschedulable(self) -> bool:
@@ -492,7 +493,7 @@ class UpgradeController:
             body["spec"] = spec
         updated = await self.client.patch(NODE, view.name, body)
         self.nodes.assume(updated)
-        view.node = updated
+        view.update(updated)
 
     async def _clean_up(self, view: NodeView) -> None:
         """Upgrades off for the node's pool: drop its state label, uncordon it if nicop
