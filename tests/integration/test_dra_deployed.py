@@ -97,6 +97,36 @@ def classes(client: Client) -> set[str]:
     return {c["metadata"]["name"] for c in client.list(DeviceClass)}
 
 
+def nic_user(namespace: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The claim template of examples/dra/one-ib-nic.yaml and a pod `nic-user` claiming it."""
+    template, _ = example("one-ib-nic.yaml", namespace)
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "nic-user", "namespace": namespace},
+           "spec": {"resourceClaims": [{"name": "nic", "resourceClaimTemplateName": "one-ib-nic"}],
+                    "containers": [{"name": "app", "image": "registry.local/train:1",
+                                    "resources": {"claims": [{"name": "nic"}]}}]}}
+    return template, pod
+
+
+def create(kubeconfig: Path, template: dict[str, Any], pod: dict[str, Any]) -> None:
+    """A claim template and the pod that uses it, as a user applies them."""
+    async def main() -> None:
+        api = ApiClient(kubeconfig)
+        try:
+            await api.create(template, res=CLAIM_TEMPLATE)
+            await api.create(pod)
+        finally:
+            await api.close()
+    asyncio.run(main())
+
+
+def prepared(client: Client, name: str, namespace: str) -> Pod | None:
+    """The pod once the node has prepared its claims (the stand-in retries errors meanwhile)."""
+    pod = client.get(Pod, name, namespace=namespace)
+    record = json.loads((pod.metadata.annotations or {}).get(ANNOTATION) or "null")
+    return pod if record and not record.get("error") else None
+
+
 @pytest.fixture(scope="module")
 def deployed(client: Client, operator: OperatorProcess, cluster: LocalCluster) -> Iterator[None]:
     """Both node groups with their policies applied and ready."""
@@ -149,39 +179,22 @@ def test_device_plugins_and_the_dra_driver_run_side_by_side_on_different_nodes(
                       spec=PodSpec(containers=[Container(
                           name="app", image="mellanox/rping-test",
                           resources=ResourceRequirements(requests=limits, limits=limits))])))
-    template, _ = example("one-ib-nic.yaml", namespace)
-    claimer = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": "nic-user", "namespace": namespace},
-               "spec": {"resourceClaims": [{"name": "nic",
-                                            "resourceClaimTemplateName": "one-ib-nic"}],
-                        "containers": [{"name": "app", "image": "registry.local/train:1",
-                                        "resources": {"claims": [{"name": "nic"}]}}]}}
+    create(kubeconfig, *nic_user(namespace))
 
-    async def create() -> None:
-        api = ApiClient(kubeconfig)
-        try:
-            await api.create(template, res=CLAIM_TEMPLATE)
-            await api.create(claimer)
-        finally:
-            await api.close()
-    asyncio.run(create())
+    pod = wait_for(lambda: prepared(client, "nic-user", namespace), 60,
+                   "the claim's CDI devices on its pod")
+    assert pod.spec.nodeName == DRA_NODE
+    [cdi] = json.loads(pod.metadata.annotations[ANNOTATION])["devices"]["nic"]
+    assert cdi.startswith(f"{dra.DRIVER}/device="), cdi
 
-    def recorded(name: str, annotation: str) -> Any:
-        pod = client.get(Pod, name, namespace=namespace)
-        value = json.loads((pod.metadata.annotations or {}).get(annotation) or "null")
-        if annotation == ANNOTATION and value and value.get("error"):
-            return None  # the node stand-in retries, as the kubelet does
-        return (pod.spec.nodeName, value) if value else None
-
-    node, record = wait_for(lambda: recorded("nic-user", ANNOTATION), 60,
-                            "the claim's CDI devices on its pod")
-    assert node == DRA_NODE
-    [cdi] = record["devices"]["nic"]
-    assert cdi.startswith(f"{dra.DRIVER}/device="), record
-    node, devices = wait_for(lambda: recorded("plugin-user", "nicop.io/devices"), 60,
-                             "the plugin's devices on its pod")
-    assert node == PLUGIN_NODE
-    assert all(d.startswith("/dev/infiniband/") for d in devices["app"][RDMA_RESOURCE]["devices"])
+    def handed_out() -> Any:
+        pod = client.get(Pod, "plugin-user", namespace=namespace)
+        record = (pod.metadata.annotations or {}).get("nicop.io/devices")
+        return json.loads(record) if record else None
+    got = wait_for(handed_out, 60, "the plugin's devices on its pod")
+    assert client.get(Pod, "plugin-user", namespace=namespace).spec.nodeName == PLUGIN_NODE
+    assert got["app"][RDMA_RESOURCE]["devices"]
+    assert all(d.startswith("/dev/infiniband/") for d in got["app"][RDMA_RESOURCE]["devices"])
 
 
 def test_the_deployed_plugin_writes_the_cdi_spec_and_releases_it_after_a_restart(
@@ -192,28 +205,9 @@ def test_the_deployed_plugin_writes_the_cdi_spec_and_releases_it_after_a_restart
     while it is down: once the node stand-in has restarted it (its checkpoint holds what it
     prepared), the kubelet's retried NodeUnprepareResources removes the spec, and the claim
     goes with the pod."""
-    template, _ = example("one-ib-nic.yaml", namespace)
-    user = {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "nic-user", "namespace": namespace},
-            "spec": {"resourceClaims": [{"name": "nic", "resourceClaimTemplateName": "one-ib-nic"}],
-                     "containers": [{"name": "app", "image": "registry.local/train:1",
-                                     "resources": {"claims": [{"name": "nic"}]}}]}}
-
-    async def create() -> None:
-        api = ApiClient(kubeconfig)
-        try:
-            await api.create(template, res=CLAIM_TEMPLATE)
-            await api.create(user)
-        finally:
-            await api.close()
-    asyncio.run(create())
-
-    def prepared() -> Any:
-        pod = client.get(Pod, "nic-user", namespace=namespace)
-        record = json.loads((pod.metadata.annotations or {}).get(ANNOTATION) or "null")
-        return pod if record and not record.get("error") else None
-
-    pod = wait_for(prepared, 60, "the claim prepared on its pod")
+    create(kubeconfig, *nic_user(namespace))
+    pod = wait_for(lambda: prepared(client, "nic-user", namespace), 60,
+                   "the claim prepared on its pod")
     claim_name = pod.status.resourceClaimStatuses[0].resourceClaimName
     claim = client.get(ResourceClaim, claim_name, namespace=namespace)
     [result] = claim["status"]["allocation"]["devices"]["results"]
@@ -362,14 +356,7 @@ def test_vfs_the_sriov_policy_creates_are_claimable_and_leave_the_slice_when_the
     def pod() -> Pod:
         return client.get(Pod, "vf-user", namespace=namespace)
 
-    async def create() -> None:
-        api = ApiClient(kubeconfig)
-        try:
-            await api.create(template, res=CLAIM_TEMPLATE)
-            await api.create(user)
-        finally:
-            await api.close()
-    asyncio.run(create())
+    create(kubeconfig, template, user)
     wait_for(lambda: any(c.reason == "Unschedulable" for c in pod().status.conditions or []),
              60, "the claim to find no VFs")
     client.apply(SriovPolicy(metadata=ObjectMeta(name="dgx-ib-vfs", namespace=NAMESPACE), spec={
