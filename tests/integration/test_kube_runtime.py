@@ -71,6 +71,31 @@ def test_informer_follows_adds_updates_deletes_with_a_label_selector(
     run(kubeconfig, body)
 
 
+def test_an_assumed_write_is_not_told_again_when_its_watch_event_arrives(
+    kubeconfig: Path, namespace: str
+) -> None:
+    """A controller that puts its own write into the cache is not woken by that write's echo
+    (a status write would otherwise cost one more reconcile each); someone else's write is."""
+    async def body(client: ApiClient) -> None:
+        informer = Informer(client, CONFIGMAP, namespace)
+        events: list[tuple[str, str]] = []
+        informer.on_change(lambda ev, obj, old: events.append((ev, obj["data"]["k"])))
+        task = asyncio.create_task(informer.run())
+        await asyncio.wait_for(informer.synced.wait(), 10)
+        await client.create(configmap("mine", namespace))
+        await until(lambda: ("ADDED", "v") in events)
+        informer.assume(await client.patch(CONFIGMAP, "mine", {"data": {"k": "ours"}}, namespace))
+        theirs = await client.patch(CONFIGMAP, "mine", {"data": {"k": "theirs"}}, namespace)
+        await until(lambda: ("MODIFIED", "theirs") in events)
+        assert events == [("ADDED", "v"), ("MODIFIED", "theirs")]
+        cached = informer.store.get(f"{namespace}/mine")
+        assert cached is not None
+        assert cached["metadata"]["resourceVersion"] == theirs["metadata"]["resourceVersion"]
+        task.cancel()
+
+    run(kubeconfig, body)
+
+
 def test_metadata_only_node_informer(kubeconfig: Path) -> None:
     async def body(client: ApiClient) -> None:
         informer = Informer(client, NODE, metadata_only=True)

@@ -54,3 +54,26 @@ def test_add_after_keeps_the_earliest_time() -> None:
         q.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_a_burst_waits_longer_for_a_key_whose_reconcile_is_slow() -> None:
+    """A reconcile whose cost grows with the cluster (every node, every reconcile) runs at
+    most once per twice its own duration on bursts, so it does not also run more often."""
+    async def scenario() -> None:
+        q = WorkQueue("t5")
+        loop = asyncio.get_running_loop()
+        for key, took in (("slow", 1.0), ("fast", 0.01)):
+            q.add(key)
+            assert await q.get() == key
+            q.done(key, took)
+        start = loop.time()
+        q.add_batched("slow")
+        q.add_batched("fast")
+        got = []
+        for _ in range(2):
+            got.append((await asyncio.wait_for(q.get(), 10), loop.time() - start))
+        assert [key for key, _ in got] == ["fast", "slow"]
+        assert got[0][1] >= 0.5 and got[1][1] >= 2.0
+        q.shutdown()
+
+    asyncio.run(scenario())

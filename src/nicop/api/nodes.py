@@ -31,7 +31,8 @@ MANAGED_KEY_PREFIXES = ("nvidia.com/ofed-driver-upgrade", "nvidia.com/ofed-upgra
 
 
 def labels_of(node: Obj) -> dict[str, str]:
-    return node.get("metadata", {}).get("labels") or {}
+    meta = node.get("metadata")
+    return (meta.get("labels") if meta else None) or {}
 
 
 def is_managed(node: Obj) -> bool:

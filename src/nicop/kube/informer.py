@@ -200,8 +200,8 @@ class Informer:
                         self._emit("DELETED", obj, obj)
                     else:
                         current = self.store.get(key_of(obj))
-                        if current is not None and _older(obj, current):
-                            continue  # our own write, assumed earlier, is already newer
+                        if current is not None and not _newer(obj, current):
+                            continue  # our own write, assumed earlier: nothing new to tell
                         old = self.store.put(obj)
                         self._emit("ADDED" if old is None else "MODIFIED", obj, old)
                 backoff = 0.2
@@ -237,6 +237,14 @@ class Informer:
 
     def _opened(self) -> None:
         self.connected = True
+
+
+def _newer(obj: Obj, than: Obj) -> bool:
+    """True when obj's resourceVersion is above than's."""
+    try:
+        return int(obj["metadata"]["resourceVersion"]) > int(than["metadata"]["resourceVersion"])
+    except (KeyError, ValueError):
+        return True
 
 
 def _older(obj: Obj, than: Obj) -> bool:

@@ -66,8 +66,9 @@ class Controller:
                 if result and result.requeue_after is not None:
                     self.queue.add_after(key, result.requeue_after)
             finally:
-                RECONCILE_SECONDS.labels(self.name).observe(time.perf_counter() - start)
-                self.queue.done(key)
+                took = time.perf_counter() - start
+                RECONCILE_SECONDS.labels(self.name).observe(took)
+                self.queue.done(key, took)
 
 
 class Manager:

@@ -13,8 +13,11 @@ from collections import OrderedDict
 from prometheus_client import Gauge
 
 QUEUE_DEPTH = Gauge("nicop_workqueue_depth", "Keys waiting in a work queue", ["queue"])
-# How long events of the many (nodes, pods) are gathered before their one reconcile.
+# How long events of the many (nodes, pods) are gathered before their one reconcile: at
+# least BATCH_DELAY, and BATCH_SPACING times as long as the key's last reconcile took, so
+# that a reconcile whose cost grows with the cluster does not also run more often there.
 BATCH_DELAY = 0.5
+BATCH_SPACING = 2.0
 
 
 class WorkQueue:
@@ -26,6 +29,7 @@ class WorkQueue:
         self._processing: set[str] = set()
         self._dirty: set[str] = set()
         self._failures: dict[str, int] = {}
+        self._took: dict[str, float] = {}  # seconds the key's last reconcile took, if long
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._nonempty = asyncio.Event()
         self._depth = QUEUE_DEPTH.labels(name)
@@ -64,9 +68,9 @@ class WorkQueue:
         self.add(key)
 
     def add_batched(self, key: str) -> None:
-        """Queue `key` within BATCH_DELAY: a burst of events (a thousand nodes relabelled, pods
-        turning ready one by one) costs one reconcile, not one per event."""
-        self.add_after(key, BATCH_DELAY)
+        """Queue `key` after a short while: a burst of events (a thousand nodes relabelled,
+        pods turning ready one by one) costs one reconcile, not one per event."""
+        self.add_after(key, max(BATCH_DELAY, BATCH_SPACING * self._took.get(key, 0.0)))
 
     def add_rate_limited(self, key: str) -> float:
         """Queue after a delay that doubles with each consecutive failure of `key`."""
@@ -89,7 +93,12 @@ class WorkQueue:
         self._processing.add(key)
         return key
 
-    def done(self, key: str) -> None:
+    def done(self, key: str, took: float = 0.0) -> None:
+        """`key` was processed, in `took` seconds."""
+        if BATCH_SPACING * took > BATCH_DELAY:
+            self._took[key] = took
+        else:
+            self._took.pop(key, None)
         self._processing.discard(key)
         if key in self._dirty:
             self._dirty.discard(key)

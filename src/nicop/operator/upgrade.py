@@ -220,6 +220,8 @@ class UpgradeController:
         self.policies = manager.informer(NCP)
         self.node_policies = manager.informer(NNP)
         self._pools: dict[str, str] = {}  # node -> the pool its driver pod was last seen in
+        self._view_cache: dict[str, NodeView] = {}  # by node name, see _views
+        self._revisions_seen: dict[str, str] = {}
         self.nodes = manager.informer(NODE)
         self.driver_pods = manager.informer(POD, namespace, label_selector=DRIVER_LABEL)
         self.revisions = manager.informer(CONTROLLER_REVISION, namespace,
@@ -236,10 +238,9 @@ class UpgradeController:
         self.nodes.on_change(self._node_changed)
 
     def _node_changed(self, event: str, node: Obj, old: Obj | None) -> None:
-        """The upgrade labels, annotations and spec matter; other controllers' labels (e.g.
-        mofed.wait on every node) do not."""
-        if old is None or event == "DELETED" or _upgrade_labels(node) != _upgrade_labels(old) \
-                or node["metadata"].get("annotations") != old["metadata"].get("annotations") \
+        """The upgrade's labels and annotations and the node's spec matter; the rest (mofed.wait
+        on every node, annotations the cluster's own controllers keep renewing) does not."""
+        if old is None or event == "DELETED" or _upgrade_marks(node) != _upgrade_marks(old) \
                 or node.get("spec") != old.get("spec"):
             self.controller.queue.add(self.KEY)
 
@@ -319,6 +320,9 @@ class UpgradeController:
         return OWNER_VALUE
 
     def _views(self) -> list[NodeView]:
+        """A view of every node that runs or ran a driver pod, in name order. A node and pod
+        unchanged since the last reconcile keep their view: a rollout reconciles often, and
+        most of a big cluster's nodes are the same objects each time."""
         current: dict[str, str] = {}  # DaemonSet uid -> hash of its newest revision
         newest: dict[str, int] = {}
         for rev in self.revisions.store.items():
@@ -327,25 +331,37 @@ class UpgradeController:
                     newest[ref["uid"]] = rev.get("revision", 0)
                     current[ref["uid"]] = (rev["metadata"].get("labels") or {}).get(
                         "controller-revision-hash", "")
+        if current != self._revisions_seen:
+            self._revisions_seen, self._view_cache = current, {}
+        cache, self._view_cache = self._view_cache, {}
         pods = {(p.get("spec") or {}).get("nodeName"): p for p in self.driver_pods.store.items()}
         views = []
-        for node in sorted(self.nodes.store.items(), key=lambda n: n["metadata"]["name"]):
-            pod = pods.get(node["metadata"]["name"])
-            # A node mid-upgrade counts even while its driver pod is being replaced.
-            if pod is None and STATE_LABEL not in (node["metadata"].get("labels") or {}):
+        for name in sorted(self.nodes.store.keys()):
+            node = self.nodes.store.get(name)
+            pod = pods.get(name)
+            if node is None:
                 continue
-            in_sync = False
-            if pod is None:
-                pool = self._pool_of(node)
-            else:
-                pool = (pod["metadata"].get("labels") or {}).get(OWNER_LABEL, OWNER_VALUE)
-                self._pools[node["metadata"]["name"]] = pool
-                owner = next((r["uid"] for r in pod["metadata"].get("ownerReferences") or []
-                              if r.get("kind") == "DaemonSet"), None)
-                pod_hash = (pod["metadata"].get("labels") or {}).get("controller-revision-hash")
-                in_sync = owner is not None and pod_hash == current.get(owner)
-            views.append(NodeView(node, pod, in_sync, pool))
+            view = cache.get(name)
+            if view is None or view.pod is None or view.node is not node or view.pod is not pod:
+                view = self._view(node, pod, current)
+                if view is None:
+                    continue
+            self._view_cache[name] = view
+            views.append(view)
         return views
+
+    def _view(self, node: Obj, pod: Obj | None, current: dict[str, str]) -> NodeView | None:
+        # A node mid-upgrade counts even while its driver pod is being replaced.
+        if pod is None and STATE_LABEL not in (node["metadata"].get("labels") or {}):
+            return None
+        if pod is None:
+            return NodeView(node, None, False, self._pool_of(node))
+        pool = (pod["metadata"].get("labels") or {}).get(OWNER_LABEL, OWNER_VALUE)
+        self._pools[node["metadata"]["name"]] = pool
+        owner = next((r["uid"] for r in pod["metadata"].get("ownerReferences") or []
+                      if r.get("kind") == "DaemonSet"), None)
+        pod_hash = (pod["metadata"].get("labels") or {}).get("controller-revision-hash")
+        return NodeView(node, pod, owner is not None and pod_hash == current.get(owner), pool)
 
     async def _step(self, view: NodeView, plan: Plan) -> bool:
         """Move one node at most one state; True when it moved."""
@@ -509,9 +525,19 @@ class UpgradeController:
             if k in annotations})
 
 
-def _upgrade_labels(node: Obj) -> tuple[str | None, str | None]:
-    labels = node["metadata"].get("labels") or {}
-    return labels.get(STATE_LABEL), labels.get(SKIP_LABEL)
+# What the upgrade reads of a node's metadata (see _node_changed).
+UPGRADE_LABELS = (STATE_LABEL, SKIP_LABEL, DRAIN_SKIP_LABEL)
+UPGRADE_ANNOTATIONS = (SAFE_LOAD_ANNOTATION, REQUESTED_ANNOTATION, LEGACY_STATE_ANNOTATION,
+                       INITIAL_UNSCHEDULABLE_ANNOTATION, WAIT_START_ANNOTATION,
+                       DRAIN_START_ANNOTATION, FAILURE_ANNOTATION)
+
+
+def _upgrade_marks(node: Obj) -> tuple[str | None, ...]:
+    meta = node["metadata"]
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    return (*(labels.get(k) for k in UPGRADE_LABELS),
+            *(annotations.get(k) for k in UPGRADE_ANNOTATIONS))
 
 
 def _pod_ready(pod: Obj) -> bool:
