@@ -338,9 +338,9 @@ class UpgradeController:
         views = []
         for name in sorted(self.nodes.store.keys()):
             node = self.nodes.store.get(name)
-            pod = pods.get(name)
             if node is None:
                 continue
+            pod = pods.get(name)
             view = cache.get(name)
             if view is None or view.pod is None or view.node is not node or view.pod is not pod:
                 view = self._view(node, pod, current)
