@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from nicop.operator.node_policy import overlaps
+from nicop.api.labels import MOFED_WAIT_LABEL
+from nicop.operator.node_policy import _wait_for_release, overlaps
+from nicop.operator.state_sync import Applied
 from nicop.operator.states import ofed, rdma_dp, sriov_dp
 from nicop.operator.states.base import Context
 
@@ -77,3 +79,24 @@ def test_overlap_is_reported_with_upstreams_message() -> None:
     }
     assert overlaps([nnp("a-pool", {"pool": "a"}), nnp("b-pool", {"pool": "b"})],
                     [NODE, n2]) == {}
+
+
+def test_a_node_whose_driver_is_ready_holds_the_policy_until_its_plugins_may_start() -> None:
+    """The device plugins select mofed.wait=false, which the cluster policy's controller sets
+    after the driver is ready: until then the node policy is not ready (its plugins have not
+    started there yet)."""
+    def node(name: str, wait: str) -> Obj:
+        return {"metadata": {"name": name, "labels": {MOFED_WAIT_LABEL: wait}}}
+
+    nodes = [node("node-2", "false"), node("node-3", "true"), node("node-4", "true")]
+    ready = {"node-2": True, "node-3": True, "node-4": False}
+    applied = [Applied(ofed.STATE.name, "ready"), Applied(sriov_dp.STATE.name, "ready")]
+    _wait_for_release(applied, nodes, ready)
+    assert applied[0].state == "notReady"
+    assert "node-3" in applied[0].message and "node-4" not in applied[0].message
+    assert applied[1].state == "ready"
+
+    nodes[1] = node("node-3", "false")
+    applied = [Applied(ofed.STATE.name, "ready")]
+    _wait_for_release(applied, nodes, ready)
+    assert applied[0].state == "ready"

@@ -16,7 +16,7 @@ import pytest
 from nicop.api.nodes import is_managed, unmanaged_reason
 from nicop.kube.scheduling import daemon_pod_filter
 from nicop.operator.caches import trim_node, trim_pod
-from nicop.operator.policy import _container_ready
+from nicop.operator.nodes import container_ready
 from nicop.operator.sriov_drain import uses_resource
 from nicop.operator.upgrade import NodeView, _pod_ready, _refusal, evictable
 
@@ -102,7 +102,7 @@ def test_every_pod_rule_decides_the_same_on_the_trimmed_pod(whole: dict[str, Any
         lambda p: _refusal(p, {"force": True, "deleteEmptyDir": True}),
         lambda p: uses_resource(p, "nvidia.com"),
         _pod_ready,
-        lambda p: _container_ready(p, "app"),
+        lambda p: container_ready(p, "app"),
         lambda p: [c.get("restartCount") for c in p["status"].get("containerStatuses") or []],
         lambda p: (p["spec"]["nodeName"], p["metadata"]["name"], p["metadata"]["namespace"],
                    p["metadata"]["labels"], p["metadata"]["ownerReferences"]),

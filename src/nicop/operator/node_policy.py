@@ -14,13 +14,14 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from nicop.api.labels import OPT_IN_LABEL, POLICY_NAME
+from nicop.api.labels import DRIVER_LABEL, MOFED_WAIT_LABEL, OPT_IN_LABEL, POLICY_NAME
 from nicop.api.nodes import is_managed, labels_of, unmanaged_reason
 from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.resources import NIC_CLUSTER_POLICY as NCP
-from nicop.kube.resources import NODE, Obj, Resource, key_of
+from nicop.kube.resources import NODE, POD, Obj, Resource, key_of
 from nicop.operator import metrics, writes
+from nicop.operator.nodes import driver_readiness
 from nicop.operator.state_sync import (
     Applied,
     StateSync,
@@ -94,10 +95,12 @@ class NodePolicyController:
         self.policies = manager.informer(NNP)
         self.cluster_policies = manager.informer(NCP)
         self.nodes = manager.informer(NODE)
+        self.driver_pods = manager.informer(POD, namespace, label_selector=DRIVER_LABEL)
         self.states = StateSync(manager, namespace, recorder)
         self.controller = manager.add(Controller("nicnodepolicy", self.reconcile))
         queue = self.controller.queue
-        for informer in (self.policies, self.cluster_policies, *self.states.owned.values()):
+        for informer in (self.policies, self.cluster_policies, self.driver_pods,
+                         *self.states.owned.values()):
             informer.on_change(lambda ev, obj, old: queue.add_batched(KEY))
         self.nodes.on_change(self._node_changed)
 
@@ -124,6 +127,7 @@ class NodePolicyController:
             opt_in_used=opt_in_used, node_policy=p["metadata"]["name"], **self.context)
             for p in usable}
         co_owners = self._shared_objects(usable, contexts)
+        driver_ready = driver_readiness(self.driver_pods.store.items())
         again = False
         for policy in policies:
             name = policy["metadata"]["name"]
@@ -148,6 +152,7 @@ class NodePolicyController:
                     continue
                 applied.append(await self.states.sync(state, ctx, unmanaged, NNP, section,
                                                       co_owners))
+            _wait_for_release(applied, ctx.managed_nodes, driver_ready)
             status = build_status(policy, NNP_STATES, applied, unmanaged, [])
             await self._write_status(policy, status)
             again |= status["state"] != "ready"
@@ -185,3 +190,18 @@ class NodePolicyController:
 
     async def _write_status(self, policy: Obj, status: Obj) -> None:
         await write_status(self.client, self.policies, NNP, self.recorder, policy, status)
+
+
+def _wait_for_release(applied: list[Applied], nodes: list[Obj],
+                      driver_ready: dict[str, bool]) -> None:
+    """A node whose driver just became ready runs the device plugins only once the cluster
+    policy's controller has set its mofed.wait label to false: until then the driver state
+    is not ready, so the policy is not called ready with plugins still to start there."""
+    waiting = sorted(n["metadata"]["name"] for n in nodes if driver_ready.get(
+        n["metadata"]["name"]) and labels_of(n).get(MOFED_WAIT_LABEL) != "false")
+    for a in applied:
+        if a.name == ofed.STATE.name and a.state == "ready" and waiting:
+            a.state = "notReady"
+            a.message = (f"the driver is ready on {', '.join(waiting)} but "
+                         f"{MOFED_WAIT_LABEL} is not false yet there: the device plugins start "
+                         "once it is")

@@ -3,7 +3,9 @@ nicop.api.nodes)."""
 
 from __future__ import annotations
 
-from nicop.api.labels import MOFED_WAIT_LABEL
+from collections.abc import Iterable
+
+from nicop.api.labels import DRIVER_CONTAINER, MOFED_WAIT_LABEL
 from nicop.api.nodes import is_managed, labels_of
 from nicop.kube.resources import Obj
 
@@ -31,3 +33,21 @@ def label_patch(node: Obj, wanted: str | None) -> dict[str, dict[str, str | None
     if current == wanted:
         return None
     return {"labels": {MOFED_WAIT_LABEL: wanted}}
+
+
+def driver_readiness(driver_pods: Iterable[Obj]) -> dict[str, bool]:
+    """By node that runs a driver pod: whether one of them has its driver container Ready."""
+    ready: dict[str, bool] = {}
+    for pod in driver_pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node:
+            ready[node] = ready.get(node, False) or container_ready(pod, DRIVER_CONTAINER)
+    return ready
+
+
+def container_ready(pod: Obj, name: str) -> bool:
+    """The pod's container `name` is Ready and the pod is not being deleted."""
+    if pod["metadata"].get("deletionTimestamp"):
+        return False
+    return any(c.get("name") == name and c.get("ready")
+               for c in (pod.get("status") or {}).get("containerStatuses") or [])

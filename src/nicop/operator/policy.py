@@ -15,7 +15,6 @@ from pydantic import ValidationError
 from nicop import logs
 from nicop.api import upgrade
 from nicop.api.labels import (
-    DRIVER_CONTAINER,
     DRIVER_LABEL,
     MOFED_WAIT_LABEL,
     OPT_IN_LABEL,
@@ -142,11 +141,7 @@ class PolicyController:
         node_policies = self.node_policies.store.items()
         nnp_drivers = nnp_driver_nodes(node_policies, self.nodes.store.items())
         active = policy is not None or bool(node_policies)
-        ready: dict[str, bool] = {}
-        for pod in self.driver_pods.store.items():
-            node = pod.get("spec", {}).get("nodeName")
-            if node:
-                ready[node] = ready.get(node, False) or _container_ready(pod, DRIVER_CONTAINER)
+        ready = node_rules.driver_readiness(self.driver_pods.store.items())
         errors = []
         for node in self.nodes.store.items():
             wanted = node_rules.mofed_wait_value(
@@ -176,10 +171,3 @@ def removed_fields(policy: Obj) -> list[str]:
     except ValidationError:  # the API server validated it; a model mismatch is not fatal here
         log.warning("policy does not match the model", exc_info=True)
         return []
-
-
-def _container_ready(pod: Obj, name: str) -> bool:
-    if pod["metadata"].get("deletionTimestamp"):
-        return False
-    return any(c.get("name") == name and c.get("ready")
-               for c in (pod.get("status") or {}).get("containerStatuses") or [])

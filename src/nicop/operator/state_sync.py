@@ -113,13 +113,17 @@ class StateSync:
                                   label_selector=STATE_LABEL, optional=res in MAY_BE_UNSERVED)
             for res in OWNED
         }
-        # Bumped whenever a node's labels or taints change: the nodes a DaemonSet template fits
-        # are counted again only then (DaemonSet key -> (epoch, generation, count)).
-        self._placement_epoch = 0
+        # The nodes a DaemonSet template fits, counted again only when a node's labels or
+        # taints changed (the placement epoch moved): DaemonSet key -> (epoch, generation, count).
         self._fitting: dict[str, tuple[int, int, int]] = {}
 
+    # Bumped whenever a node's labels or taints change; one for every StateSync of the process,
+    # as a label one controller writes into the shared node cache (mofed.wait) moves what
+    # another's DaemonSets select.
+    _placement_epoch = 0
+
     def placement_changed(self) -> None:
-        self._placement_epoch += 1
+        StateSync._placement_epoch += 1
 
     def objects_of(self, state_name: str, owner: str) -> list[tuple[Resource, Obj]]:
         return [
