@@ -83,11 +83,16 @@ def test_infiniband_policy_goes_ready_and_orders_plugins_after_the_driver(
              "the InfiniBand policy to become ready")
     # The way there is told in Events on the policy: first NotReady, then Ready, and no flap
     # back once ready (Event names end in their creation time: they sort in creation order;
-    # timestamps have seconds only).
+    # timestamps have seconds only). The Ready Event follows the status write that says so.
     uid = client.get(NicClusterPolicy, "nic-cluster-policy").metadata.uid
-    events = sorted((e for e in client.list(Event, namespace="default")
-                     if e.involvedObject.uid == uid), key=lambda e: e.metadata.name)
-    assert [e.reason for e in events] == ["NotReady", "Ready"]
+
+    def reasons() -> list[str]:
+        return [e.reason for e in sorted((e for e in client.list(Event, namespace="default")
+                                          if e.involvedObject.uid == uid),
+                                         key=lambda e: e.metadata.name)]
+
+    wait_for(lambda: "Ready" in reasons(), 30, "the policy's Ready Event")
+    assert reasons() == ["NotReady", "Ready"]
     assert states(client) == {
         "state-multus-cni": "ready", "state-container-networking-plugins": "ready",
         "state-ipoib-cni": "ready", "state-OFED": "ready",
