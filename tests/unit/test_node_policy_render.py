@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nicop.api.labels import MOFED_WAIT_LABEL
+from nicop.api.labels import MELLANOX_LABEL, MOFED_WAIT_LABEL
 from nicop.operator.node_policy import _wait_for_release, overlaps
 from nicop.operator.state_sync import Applied
 from nicop.operator.states import ofed, rdma_dp, sriov_dp
@@ -86,7 +86,8 @@ def test_a_node_whose_driver_is_ready_holds_the_policy_until_its_plugins_may_sta
     after the driver is ready: until then the node policy is not ready (its plugins have not
     started there yet)."""
     def node(name: str, wait: str) -> Obj:
-        return {"metadata": {"name": name, "labels": {MOFED_WAIT_LABEL: wait}}}
+        return {"metadata": {"name": name,
+                             "labels": {MELLANOX_LABEL: "true", MOFED_WAIT_LABEL: wait}}}
 
     nodes = [node("node-2", "false"), node("node-3", "true"), node("node-4", "true")]
     ready = {"node-2": True, "node-3": True, "node-4": False}

@@ -138,7 +138,7 @@ class Informer:
         delivers it, so the next reconcile does not act on what it already changed. A newer
         version the watch already brought (someone else's later write) is kept."""
         current = self.store.get(key_of(obj))
-        if current is None or not _older(obj, current):
+        if current is None or _order(obj, current) != -1:
             self.store.put(self.transform(obj))
 
     def _emit(self, event: str, obj: Obj, old: Obj | None) -> None:
@@ -200,7 +200,7 @@ class Informer:
                         self._emit("DELETED", obj, obj)
                     else:
                         current = self.store.get(key_of(obj))
-                        if current is not None and not _newer(obj, current):
+                        if current is not None and _order(obj, current) in (-1, 0):
                             continue  # our own write, assumed earlier: nothing new to tell
                         old = self.store.put(obj)
                         self._emit("ADDED" if old is None else "MODIFIED", obj, old)
@@ -239,17 +239,11 @@ class Informer:
         self.connected = True
 
 
-def _newer(obj: Obj, than: Obj) -> bool:
-    """True when obj's resourceVersion is above than's."""
+def _order(obj: Obj, than: Obj) -> int | None:
+    """-1, 0 or 1 as obj's resourceVersion is below, equal to or above than's (etcd versions
+    are integers); None when either is not a number."""
     try:
-        return int(obj["metadata"]["resourceVersion"]) > int(than["metadata"]["resourceVersion"])
+        a, b = int(obj["metadata"]["resourceVersion"]), int(than["metadata"]["resourceVersion"])
     except (KeyError, ValueError):
-        return True
-
-
-def _older(obj: Obj, than: Obj) -> bool:
-    """True when obj's resourceVersion is below than's (etcd versions are integers)."""
-    try:
-        return int(obj["metadata"]["resourceVersion"]) < int(than["metadata"]["resourceVersion"])
-    except (KeyError, ValueError):
-        return False
+        return None
+    return (a > b) - (a < b)

@@ -21,7 +21,7 @@ from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.resources import NIC_CLUSTER_POLICY as NCP
 from nicop.kube.resources import NODE, POD, Obj, Resource, key_of
 from nicop.operator import metrics, writes
-from nicop.operator.nodes import driver_readiness
+from nicop.operator.nodes import driver_readiness, label_patch, mofed_wait_value
 from nicop.operator.state_sync import (
     Applied,
     StateSync,
@@ -194,14 +194,14 @@ class NodePolicyController:
 
 def _wait_for_release(applied: list[Applied], nodes: list[Obj],
                       driver_ready: dict[str, bool]) -> None:
-    """A node whose driver just became ready runs the device plugins only once the cluster
-    policy's controller has set its mofed.wait label to false: until then the driver state
-    is not ready, so the policy is not called ready with plugins still to start there."""
-    waiting = sorted(n["metadata"]["name"] for n in nodes if driver_ready.get(
-        n["metadata"]["name"]) and labels_of(n).get(MOFED_WAIT_LABEL) != "false")
+    """The device plugins select mofed.wait=false, which the cluster policy's controller
+    writes by the driver's readiness: while a node's label is not yet what that rule wants,
+    the driver state is not ready, so the policy is not called ready with plugins still to
+    start (or stop) there."""
+    waiting = sorted(n["metadata"]["name"] for n in nodes if label_patch(
+        n, mofed_wait_value(n, True, driver_ready)) is not None)
     for a in applied:
         if a.name == ofed.STATE.name and a.state == "ready" and waiting:
             a.state = "notReady"
-            a.message = (f"the driver is ready on {', '.join(waiting)} but "
-                         f"{MOFED_WAIT_LABEL} is not false yet there: the device plugins start "
-                         "once it is")
+            a.message = (f"{MOFED_WAIT_LABEL} is not yet set by the driver's readiness on "
+                         f"{', '.join(waiting)}: the device plugins follow once it is")
