@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightkube.utils.quantity import parse_quantity
+
 Obj = dict[str, Any]
 _DRIVER = re.compile(r'^device\.driver\s*==\s*"([^"]*)"$')
 _ATTRIBUTE = re.compile(
@@ -108,23 +110,69 @@ def allocated(claims: Iterable[Obj]) -> set[tuple[str, str, str]]:
     return taken
 
 
-def node_devices(slices: Iterable[Obj]) -> dict[str, list[tuple[str, str, Obj]]]:
-    """node -> (driver, pool, device) from the newest generation of each node-local pool."""
-    newest: dict[tuple[str, str], int] = {}
-    slices = list(slices)
-    for s in slices:
-        spec = s.get("spec") or {}
-        key = (spec.get("driver", ""), (spec.get("pool") or {}).get("name", ""))
-        newest[key] = max(newest.get(key, 0), int((spec.get("pool") or {}).get("generation", 0)))
-    out: dict[str, list[tuple[str, str, Obj]]] = defaultdict(list)
-    for s in slices:
+def _newest(slices: Iterable[Obj]) -> list[Obj]:
+    """The node-local slices of each pool's newest generation (the only one the scheduler
+    reads)."""
+    def pool_of(s: Obj) -> tuple[tuple[str, str], int]:
         spec = s.get("spec") or {}
         pool = spec.get("pool") or {}
-        key = (spec.get("driver", ""), pool.get("name", ""))
-        if not spec.get("nodeName") or int(pool.get("generation", 0)) != newest[key]:
-            continue
-        out[spec["nodeName"]] += [(key[0], key[1], d) for d in spec.get("devices") or []]
+        return (spec.get("driver", ""), pool.get("name", "")), int(pool.get("generation", 0))
+
+    slices = list(slices)
+    newest: dict[tuple[str, str], int] = {}
+    for s in slices:
+        key, generation = pool_of(s)
+        newest[key] = max(newest.get(key, 0), generation)
+    return [s for s in slices
+            if (s.get("spec") or {}).get("nodeName") and newest[pool_of(s)[0]] == pool_of(s)[1]]
+
+
+def node_devices(slices: Iterable[Obj]) -> dict[str, list[tuple[str, str, Obj]]]:
+    """node -> (driver, pool, device) from the newest generation of each node-local pool."""
+    out: dict[str, list[tuple[str, str, Obj]]] = defaultdict(list)
+    for s in _newest(slices):
+        spec = s["spec"]
+        pool = (spec.get("pool") or {}).get("name", "")
+        out[spec["nodeName"]] += [(spec.get("driver", ""), pool, d)
+                                  for d in spec.get("devices") or []]
     return out
+
+
+def held_by_others(slices: Iterable[Obj], taken: set[tuple[str, str, str]]
+                   ) -> set[tuple[str, str, str]]:
+    """Devices free themselves whose shared counters the taken devices have used up: a PF
+    while some of its VFs are allocated, its VFs while the PF is."""
+    slices = _newest(slices)
+    left: dict[tuple[str, str, str, str], float] = {}
+    for s in slices:
+        spec = s["spec"]
+        for counter_set in spec.get("sharedCounters") or []:
+            for counter, value in (counter_set.get("counters") or {}).items():
+                left[(spec.get("driver", ""), (spec.get("pool") or {}).get("name", ""),
+                      counter_set.get("name", ""), counter)] = _quantity(value)
+    devices = [(spec.get("driver", ""), (spec.get("pool") or {}).get("name", ""), d)
+               for spec in (s["spec"] for s in slices) for d in spec.get("devices") or []]
+
+    def consumption(driver: str, pool: str, device: Obj) -> dict[tuple[str, str, str, str], float]:
+        return {(driver, pool, c.get("counterSet", ""), counter): _quantity(value)
+                for c in device.get("consumesCounters") or []
+                for counter, value in (c.get("counters") or {}).items()}
+
+    for driver, pool, device in devices:
+        if (driver, pool, device.get("name", "")) in taken:
+            for key, amount in consumption(driver, pool, device).items():
+                left[key] = left.get(key, 0.0) - amount
+    return {(driver, pool, device.get("name", "")) for driver, pool, device in devices
+            if (driver, pool, device.get("name", "")) not in taken
+            and any(amount > left.get(key, 0.0)
+                    for key, amount in consumption(driver, pool, device).items())}
+
+
+def _quantity(counter: Obj) -> float:
+    try:
+        return float(parse_quantity(str(counter.get("value", "0"))) or 0)
+    except ValueError:
+        return 0.0
 
 
 def fits(spec: Obj, classes: dict[str, Obj], slices: Iterable[Obj],
@@ -132,7 +180,10 @@ def fits(spec: Obj, classes: dict[str, Obj], slices: Iterable[Obj],
     """Each node's free devices for the claim's requests and whether all of them (and the
     claim's matchAttribute constraints) can be met there; and the CEL not evaluated."""
     requests, unknown = requests_of(spec, classes)
+    slices = list(slices)
     taken = allocated(claims)
+    shared = held_by_others(slices, taken)
+    taken |= shared
     constraints = [c for c in (spec.get("devices") or {}).get("constraints") or []
                    if c.get("matchAttribute")]
     result = []
@@ -145,12 +196,25 @@ def fits(spec: Obj, classes: dict[str, Obj], slices: Iterable[Obj],
         why = ""
         if short:
             why = "; ".join(f"{r.name}: {len(free[r.name])} free of {len(matching[r.name])} "
-                            f"{r.device_class}, {max(r.count, 1)} wanted" for r in short)
+                            f"{r.device_class}, {max(r.count, 1)} wanted"
+                            + _shared_note(devices, r, shared) for r in short)
         else:
             why = _constraint_problem(constraints, requests, free)
         result.append(NodeFit(node, {k: len(v) for k, v in free.items()},
                               {k: len(v) for k, v in matching.items()}, not why, why))
     return requests, result, unknown
+
+
+def _shared_note(devices: list[tuple[str, str, Obj]], request: Request,
+                 shared: set[tuple[str, str, str]]) -> str:
+    """Names the devices held only through their shared counters, which users do not see
+    allocated in any claim."""
+    held = sorted(d["name"] for drv, pool, d in devices
+                  if (drv, pool, d["name"]) in shared and _passes(request, d, drv))
+    if not held:
+        return ""
+    return (f" ({', '.join(held)} not free: a PF is not free while some of its VFs are "
+            "allocated, nor its VFs while it is)")
 
 
 def _constraint_problem(constraints: list[Obj], requests: list[Request],

@@ -25,8 +25,9 @@ from nicop.api import dra
 from nicop.kube.client import ApiClient
 from nicop.kube.resources import DEVICE_CLASS, POD, RESOURCE_SLICE, Resource
 from nicop.node import discovery
-from nicop.node.dra.devices import node_devices
+from nicop.node.dra.devices import node_devices, node_pool
 from nicop.node.dra.publisher import SlicePublisher
+from nicop.node.dra.slices import PoolContent
 from nicop.sim import gpu_dra
 from nicop.sim.cluster import LocalCluster
 from nicop.sim.dra_kubelet import ANNOTATION
@@ -70,9 +71,9 @@ def pod_named(pod: dict[str, Any] | None, name: str) -> dict[str, Any]:
     return copy
 
 
-def nic_devices(host: SimulatedHost) -> Callable[[], list[dict[str, Any]]]:
+def nic_devices(host: SimulatedHost) -> Callable[[], PoolContent]:
     """What nicop's driver publishes for the node, read again at each call."""
-    return lambda: [d.to_api() for d in node_devices(discovery.scan(host), host)]
+    return lambda: node_pool(discovery.scan(host), host)
 
 
 @contextlib.asynccontextmanager

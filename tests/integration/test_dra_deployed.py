@@ -341,8 +341,10 @@ def test_vfs_the_sriov_policy_creates_are_claimable_and_leave_the_slice_when_the
 ) -> None:
     """A claim for 2 VFs on InfiniBand PFs with link up (examples/dra/two-ib-vfs.yaml) stays
     Pending until an SriovNetworkNodePolicy makes the config daemon create VFs on the DGX; the
-    plugin pod then publishes them and the scheduler allocates two. The PF's link going down
-    (a cable pulled: the simulated hardware changes) takes its VFs out of the slice within 5 s."""
+    plugin pod then publishes them and the scheduler allocates two. A claim for their PF then
+    waits, and `nicop diagnose pod` says it shares its port with VFs in use, until the VFs' pod
+    goes. The PF's link going down (a cable pulled: the simulated hardware changes) takes its VFs
+    out of the slice within 5 s."""
     template, user = example("two-ib-vfs.yaml", namespace)
     assert user is not None
     numvfs = cluster.node_root(DRA_NODE) / f"sys/bus/pci/devices/{SRIOV_PF}/sriov_numvfs"
@@ -374,6 +376,20 @@ def test_vfs_the_sriov_policy_creates_are_claimable_and_leave_the_slice_when_the
         assert len(taken) == 2 and taken <= set(by_name)
         assert {by_name[d]["attributes"][dra.PF_NAME]["string"] for d in taken} == {SRIOV_PF_NAME}
 
+        create(kubeconfig, *pf_user(namespace))
+        wait_for(lambda: any(c.reason == "Unschedulable" for c in client.get(
+            Pod, "pf-user", namespace=namespace).status.conditions or []),
+            60, "the claim for the PF of allocated VFs to wait")
+        done = subprocess.run(
+            [sys.executable, "-m", "nicop", "diagnose", "pod", f"{namespace}/pf-user",
+             "--kubeconfig", str(kubeconfig)],
+            capture_output=True, text=True, timeout=120, check=False)
+        said = " ".join(done.stdout.split())
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert (f"node {DRA_NODE}: nic: 0 free of 1 rdma.nicop.io, 1 wanted "
+                "(pf-0000-18-00-0 not free: a PF is not free while some of its VFs are "
+                "allocated") in said, said
+
         host = SimulatedHost(cluster.node_root(DRA_NODE))
         down = time.monotonic()
         host.set_link(SRIOV_PF_NAME, False)
@@ -383,10 +399,37 @@ def test_vfs_the_sriov_policy_creates_are_claimable_and_leave_the_slice_when_the
             print(f"PF link down to VFs out of the slice: {time.monotonic() - down:.2f}s")
         finally:
             host.set_link(SRIOV_PF_NAME, True)
+        wait_for(lambda: len(vfs_published()) == 4, 10, "the VFs back in the slice")
+        assert not client.get(Pod, "pf-user", namespace=namespace).spec.nodeName
+        delete(client, Pod, "vf-user", namespace)
+        wait_for(lambda: client.get(Pod, "pf-user", namespace=namespace).spec.nodeName
+                 == DRA_NODE, 60, "the PF's claim allocated once its VFs are released")
+        [pf] = _allocation(client, client.get(Pod, "pf-user", namespace=namespace), namespace)
+        assert pf["device"] == "pf-0000-18-00-0"
     finally:
         delete(client, Pod, "vf-user", namespace)
+        delete(client, Pod, "pf-user", namespace)
         delete(client, SriovPolicy, "dgx-ib-vfs", NAMESPACE)
         wait_for(lambda: numvfs.read_text().strip() == "0", 120, "the VFs to be removed")
+
+
+def pf_user(namespace: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A claim template for the DGX's first InfiniBand PF, by its PCI address, and a pod
+    `pf-user` claiming it."""
+    template = {
+        "apiVersion": dra.RESOURCE_API, "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "first-ib-pf", "namespace": namespace},
+        "spec": {"spec": {"devices": {"requests": [{"name": "nic", "exactly": {
+            "deviceClassName": dra.PF_CLASS, "selectors": [{"cel": {"expression": (
+                f'device.attributes["{dra.DRIVER}"].{dra.PCI_ADDRESS} == "{SRIOV_PF}"')}}],
+        }}]}}}}
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "pf-user", "namespace": namespace},
+           "spec": {"resourceClaims": [{"name": "nic",
+                                        "resourceClaimTemplateName": "first-ib-pf"}],
+                    "containers": [{"name": "app", "image": "registry.local/app:1",
+                                    "resources": {"claims": [{"name": "nic"}]}}]}}
+    return template, pod
 
 
 def _allocation(client: Client, pod: Pod, namespace: str) -> list[dict[str, Any]]:

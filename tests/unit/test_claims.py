@@ -15,8 +15,8 @@ import yaml
 from nicop import claims
 from nicop.api import dra
 from nicop.node import discovery
-from nicop.node.dra.devices import node_devices
-from nicop.node.dra.slices import build_slices
+from nicop.node.dra.devices import node_devices, node_pool
+from nicop.node.dra.slices import PoolContent, build_slices
 from nicop.sim import gpu_dra
 from nicop.sim.hardware import SimulatedHost
 
@@ -41,9 +41,8 @@ def classes() -> dict[str, dict[str, Any]]:
 
 
 def slices(host: SimulatedHost) -> list[dict[str, Any]]:
-    nics = [d.to_api() for d in node_devices(discovery.scan(host), host)]
-    return [*build_slices(dra.DRIVER, NODE, nics, 1),
-            *build_slices(gpu_dra.GPU_DRIVER, NODE, gpu_dra.gpu_devices(host), 1)]
+    return [*build_slices(dra.DRIVER, NODE, node_pool(discovery.scan(host), host), 1),
+            *build_slices(gpu_dra.GPU_DRIVER, NODE, PoolContent(gpu_dra.gpu_devices(host)), 1)]
 
 
 def holding(*devices: tuple[str, str]) -> dict[str, Any]:
@@ -92,6 +91,30 @@ def test_free_gpus_and_nics_on_different_roots_break_the_constraint(dgx: Simulat
     assert node.why == f"no {dra.PCIE_ROOT} value has free devices for all of gpu, nic"
 
 
+def test_a_pf_and_its_vfs_are_not_free_while_the_other_is_allocated(tmp_path: Path) -> None:
+    """They share a counter set, as the scheduler counts it: the PF cannot be had while one of
+    its VFs is held, nor its VFs while it is, and the reason names the device."""
+    host = SimulatedHost.build(tmp_path, "cx6dx")
+    host.set_numvfs("enp59s0f0np0", 2)
+
+    def request(device_class: str, count: int) -> dict[str, Any]:
+        return {"devices": {"requests": [{"name": "r", "exactly": {
+            "deviceClassName": device_class, "count": count}}]}}
+
+    _, [node], _ = claims.fits(request(dra.PF_CLASS, 2), classes(), slices(host), [
+        holding((dra.DRIVER, "vf-0000-3b-00-2"))])
+    assert (node.free, node.fits) == ({"r": 1}, False)
+    assert node.why == (f"r: 1 free of 2 {dra.PF_CLASS}, 2 wanted (pf-0000-3b-00-0 not free: "
+                        "a PF is not free while some of its VFs are allocated, nor its VFs "
+                        "while it is)")
+    _, [node], _ = claims.fits(request(dra.VF_CLASS, 1), classes(), slices(host), [
+        holding((dra.DRIVER, "pf-0000-3b-00-0"))])
+    assert (node.free, node.total, node.fits) == ({"r": 0}, {"r": 2}, False)
+    _, [node], _ = claims.fits(request(dra.VF_CLASS, 1), classes(), slices(host), [
+        holding((dra.DRIVER, "pf-0000-3b-00-1"))])
+    assert node.fits  # the other PF has no VFs to share with
+
+
 def test_class_and_claim_selectors_are_evaluated(dgx: SimulatedHost) -> None:
     """The VF class selects no PF; the claim's linkType/linkUp test is understood."""
     _, [node], unknown = claims.fits(template_spec("two-ib-vfs.yaml"), classes(),
@@ -119,7 +142,7 @@ def test_status_counts_a_nodes_devices_of_the_newest_generation_and_those_held(
     from nicop.status import dra_devices
 
     gpus, nics = roots(dgx)
-    old = build_slices(dra.DRIVER, NODE, [{"name": "pf-gone", "attributes": {}}], 1)
+    old = build_slices(dra.DRIVER, NODE, PoolContent([{"name": "pf-gone", "attributes": {}}]), 1)
     for s in old:
         s["metadata"]["name"] += "-old"
     newer = [s for s in slices(dgx) if s["spec"]["driver"] == dra.DRIVER]

@@ -10,7 +10,7 @@ import pytest
 
 from nicop.api import dra
 from nicop.node.discovery import scan
-from nicop.node.dra.devices import Device, node_devices
+from nicop.node.dra.devices import Device, node_devices, node_pool
 from nicop.sim.gpu_dra import GPU_DRIVER, gpu_device_class, gpu_devices
 from nicop.sim.hardware import SimulatedHost
 
@@ -84,16 +84,38 @@ def test_vfs_name_their_pf_and_index(tmp_path: Path) -> None:
     assert len(of_kind(devices_of(host), dra.KIND_PF)) == 2
 
 
-def test_a_pf_link_down_takes_its_vfs_out_and_back_under_the_same_names(tmp_path: Path) -> None:
+def test_a_pf_and_its_vfs_share_one_counter_set_the_pf_takes_whole(tmp_path: Path) -> None:
+    """A claim gets the PF or some of its VFs, never both: the PF consumes all its counter
+    set's `vfs`, each VF one; a PF without VFs consumes nothing and has no set."""
     host = SimulatedHost.build(tmp_path, "cx6dx")
     host.set_numvfs("enp59s0f0np0", 2)
-    host.set_numvfs("enp59s0f1np1", 2)
+    pool = node_pool(scan(host), host)
+    assert pool.counter_sets == [{"name": "pf-0000-3b-00-0", "counters": {"vfs": {"value": "2"}}}]
+    consumed = {d["name"]: d.get("consumesCounters") for d in pool.devices}
+    assert consumed == {
+        "pf-0000-3b-00-0": [{"counterSet": "pf-0000-3b-00-0", "counters": {"vfs": {"value": "2"}}}],
+        "pf-0000-3b-00-1": None,
+        "vf-0000-3b-00-2": [{"counterSet": "pf-0000-3b-00-0", "counters": {"vfs": {"value": "1"}}}],
+        "vf-0000-3b-00-3": [{"counterSet": "pf-0000-3b-00-0", "counters": {"vfs": {"value": "1"}}}],
+    }
+    host.set_numvfs("enp59s0f0np0", 0)
+    pool = node_pool(scan(host), host)
+    assert pool.counter_sets == [] and not any("consumesCounters" in d for d in pool.devices)
+
+
+def test_a_pf_link_down_takes_its_vfs_out_and_back_under_the_same_names(tmp_path: Path) -> None:
+    """The VFs of a PF whose link is down leave, and the PF with them (the scheduler would not
+    see what its VFs' claims consume); a PF without VFs stays, with `linkUp: false`."""
+    host = SimulatedHost.build(tmp_path, "cx6dx")
+    host.set_numvfs("enp59s0f0np0", 2)
     before = devices_of(host)
     host.set_link("enp59s0f0np0", False)
+    host.set_link("enp59s0f1np1", False)
     down = devices_of(host)
-    assert [v.name for v in of_kind(down, dra.KIND_VF)] == ["vf-0000-3b-01-2", "vf-0000-3b-01-3"]
-    assert value(down["pf-0000-3b-00-0"], dra.LINK_UP) is False  # the PF itself stays
+    assert sorted(down) == ["pf-0000-3b-00-1"]
+    assert value(down["pf-0000-3b-00-1"], dra.LINK_UP) is False
     host.set_link("enp59s0f0np0", True)
+    host.set_link("enp59s0f1np1", True)
     assert devices_of(host) == before
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from nicop.api import dra
 from nicop.node.discovery import scan
-from nicop.node.dra.devices import node_devices
-from nicop.node.dra.slices import SlicePlan, build_slices, plan, slice_name
+from nicop.node.dra.devices import node_pool
+from nicop.node.dra.slices import PoolContent, SlicePlan, build_slices, plan, slice_name
 from nicop.sim.gpu_dra import GPU_DRIVER, gpu_slices
 from nicop.sim.hardware import SimulatedHost
 
@@ -38,14 +38,14 @@ class Api:
             del self.slices[name]
 
     def sync(self, devices: list[dict[str, Any]], node: str = "worker-1") -> SlicePlan:
-        p = plan(dra.DRIVER, node, devices, list(self.slices.values()))
+        p = plan(dra.DRIVER, node, PoolContent(devices), list(self.slices.values()))
         self.apply(p)
         return p
 
 
 def test_300_devices_make_three_slices_of_one_pool() -> None:
     devices = [device(i) for i in reversed(range(300))]
-    slices = build_slices(dra.DRIVER, "worker-1", devices, generation=4)
+    slices = build_slices(dra.DRIVER, "worker-1", PoolContent(devices), generation=4)
     assert [len(s["spec"]["devices"]) for s in slices] == [128, 128, 44]
     assert [s["metadata"]["name"] for s in slices] == [
         "rdma.nicop.io-worker-1-0", "rdma.nicop.io-worker-1-1", "rdma.nicop.io-worker-1-2"]
@@ -56,12 +56,33 @@ def test_300_devices_make_three_slices_of_one_pool() -> None:
                                      "resourceSliceCount": 3}
     published = [d["name"] for s in slices for d in s["spec"]["devices"]]
     assert published == sorted(d["name"] for d in devices)  # the same order whatever the input
-    assert build_slices(dra.DRIVER, "worker-1", list(reversed(devices)), 4) == slices
+    assert build_slices(dra.DRIVER, "worker-1", PoolContent(devices[::-1]), 4) == slices
 
 
 def test_a_node_without_devices_still_publishes_its_empty_pool() -> None:
-    (only,) = build_slices(dra.DRIVER, "cpu-1", [], generation=1)
+    (only,) = build_slices(dra.DRIVER, "cpu-1", PoolContent([]), generation=1)
     assert only["spec"]["devices"] == [] and only["spec"]["pool"]["resourceSliceCount"] == 1
+
+
+def test_counter_sets_come_first_in_slices_of_their_own_and_devices_that_consume_them_64_a_slice(
+        tmp_path: Path) -> None:
+    """A slice holds devices or counter sets, not both; at most 8 counter sets, and 64 devices
+    when they consume counters (resource.k8s.io/v1 validation)."""
+    host = SimulatedHost.build(tmp_path, "dgx")
+    for pf in host.pfs():
+        host.set_numvfs(pf, 8)
+    pool = node_pool(scan(host), host)
+    slices = build_slices(dra.DRIVER, "dgx-0", pool, 1)
+    assert [(len(s["spec"].get("sharedCounters", [])), len(s["spec"].get("devices", [])))
+            for s in slices] == [(8, 0), (0, 64), (0, 8)]
+    assert all(s["spec"]["pool"]["resourceSliceCount"] == 3 for s in slices)
+    sets = {c["name"] for c in slices[0]["spec"]["sharedCounters"]}
+    assert {c["counterSet"] for s in slices[1:] for d in s["spec"]["devices"]
+            for c in d["consumesCounters"]} == sets
+    many = PoolContent([], [{"name": f"pf-{i}", "counters": {"vfs": {"value": "1"}}}
+                            for i in range(9)])
+    assert [len(s["spec"].get("sharedCounters", [])) for s in
+            build_slices(dra.DRIVER, "n", many, 1)] == [8, 1]
 
 
 def test_the_generation_moves_only_when_the_devices_change() -> None:
@@ -101,8 +122,8 @@ def test_a_deleted_slice_comes_back_in_its_generation_an_edited_one_gets_a_new_o
 
 def test_other_drivers_and_nodes_slices_are_left_alone() -> None:
     api = Api()
-    api.slices["gpu"] = build_slices(GPU_DRIVER, "worker-1", [device(1)], 9)[0]
-    api.slices["other-node"] = build_slices(dra.DRIVER, "worker-2", [device(1)], 9)[0]
+    api.slices["gpu"] = build_slices(GPU_DRIVER, "worker-1", PoolContent([device(1)]), 9)[0]
+    api.slices["other-node"] = build_slices(dra.DRIVER, "worker-2", PoolContent([device(1)]), 9)[0]
     p = api.sync([device(1)])
     assert p.generation == 1 and p.delete == [] and len(p.create) == 1
     assert set(api.slices) == {"gpu", "other-node", "rdma.nicop.io-worker-1-0"}
@@ -110,7 +131,7 @@ def test_other_drivers_and_nodes_slices_are_left_alone() -> None:
 
 def test_slices_are_owned_by_the_node_and_named_within_the_limits() -> None:
     node = {"metadata": {"name": "worker-1", "uid": "1234"}}
-    (s,) = build_slices(dra.DRIVER, "worker-1", [device(1)], 1, owner=node)
+    (s,) = build_slices(dra.DRIVER, "worker-1", PoolContent([device(1)]), 1, owner=node)
     assert s["metadata"]["ownerReferences"] == [
         {"apiVersion": "v1", "kind": "Node", "name": "worker-1", "uid": "1234",
          "controller": True}]
@@ -123,7 +144,7 @@ def test_slices_are_owned_by_the_node_and_named_within_the_limits() -> None:
 
 def test_a_dgx_nodes_nic_and_gpu_slices(tmp_path: Path) -> None:
     host = SimulatedHost.build(tmp_path, "dgx")
-    nics = plan(dra.DRIVER, "dgx-0", [d.to_api() for d in node_devices(scan(host), host)], [])
+    nics = plan(dra.DRIVER, "dgx-0", node_pool(scan(host), host), [])
     (nic_slice,) = nics.create
     (gpu_slice,) = gpu_slices(host, "dgx-0")
     assert gpu_slice["spec"]["driver"] == "gpu.nvidia.com"

@@ -52,8 +52,16 @@ REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 CDI_DIR = "/var/run/cdi"
 LINK_INFINIBAND, LINK_ETHERNET = "infiniband", "ethernet"
 
+# A PF and its VFs share one port, so a claim may have the PF or some of its VFs, never both
+# (DRAPartitionableDevices, beta and on by default since Kubernetes 1.35): each PF with VFs has
+# a counter set, named as its device, holding `vfs` = its sriov_numvfs; the PF consumes all of
+# it and each VF one.
+VF_COUNTER = "vfs"
+
 # ResourceSlice limits (resource.k8s.io/v1 validation).
 MAX_DEVICES_PER_SLICE = 128
+MAX_DEVICES_PER_SLICE_WITH_COUNTERS = 64  # when a device of the slice consumes counters
+MAX_COUNTER_SETS_PER_SLICE = 8  # a slice has either devices or counter sets
 MAX_ATTRIBUTES_PER_DEVICE = 32  # attributes and capacities together
 MAX_STRING_LENGTH = 64
 

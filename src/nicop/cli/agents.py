@@ -268,9 +268,10 @@ def dra_plugin(
     from nicop.api import dra
     from nicop.kube.client import ApiClient
     from nicop.node import discovery
-    from nicop.node.dra.devices import node_devices
+    from nicop.node.dra.devices import node_pool
     from nicop.node.dra.plugin import DraPlugin
     from nicop.node.dra.publisher import Devices, SlicePublisher
+    from nicop.node.dra.slices import PoolContent
     from nicop.node.host import Host
     from nicop.node.readiness import Readiness
 
@@ -284,8 +285,8 @@ def dra_plugin(
 
         sim = SimulatedHost(sim_root)
         host = sim
-        sources[gpu_dra.GPU_DRIVER] = lambda: gpu_dra.gpu_devices(sim)
-    sources[dra.DRIVER] = lambda: [d.to_api() for d in node_devices(discovery.scan(host), host)]
+        sources[gpu_dra.GPU_DRIVER] = lambda: PoolContent(gpu_dra.gpu_devices(sim))
+    sources[dra.DRIVER] = lambda: node_pool(discovery.scan(host), host)
 
     async def main(stop: asyncio.Event) -> None:
         client = ApiClient(kubeconfig)

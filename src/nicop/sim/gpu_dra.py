@@ -14,7 +14,7 @@ from typing import Any
 
 from nicop.api import dra
 from nicop.node.dra.devices import pcie_root
-from nicop.node.dra.slices import build_slices
+from nicop.node.dra.slices import PoolContent, build_slices
 from nicop.sim.hardware import PCI_DEVICES, SimulatedHost
 
 GPU_DRIVER = "gpu.nvidia.com"
@@ -58,7 +58,7 @@ def gpu_slices(
     host: SimulatedHost, node: str, generation: int = 1, owner: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """The GPU driver's ResourceSlices of `node` (pool named after the node)."""
-    return build_slices(GPU_DRIVER, node, gpu_devices(host), generation, owner)
+    return build_slices(GPU_DRIVER, node, PoolContent(gpu_devices(host)), generation, owner)
 
 
 def gpu_device_class() -> dict[str, Any]:

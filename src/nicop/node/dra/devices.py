@@ -7,6 +7,11 @@ What is published:
   so with the PF down it can carry nothing: its device leaves the slice instead of staying
   allocatable with `linkUp: false`, and comes back, under the same name, when the link does.
 
+A PF with VFs and its VFs consume the PF's counter set, so the PF goes to one claim whole or to
+others VF by VF (see `dra.VF_COUNTER`). Such a PF leaves the slice with its VFs while its link is
+down: the scheduler counts what allocated devices consume only from the devices it sees, so with
+the VFs gone it would hand the PF out beside VFs that claims still hold.
+
 Device names are DNS labels built from the PCI address (`pf-0000-3b-00-0`, `vf-0000-3b-00-2`):
 unique per node, and the same on every rescan because addresses are, so an allocation keeps
 naming the device it got. Attributes a node cannot read are left out, never guessed.
@@ -22,6 +27,7 @@ from typing import Any
 from nicop.api import dra
 from nicop.node import kernel
 from nicop.node.discovery import NETWORK_CLASS, PCI_DEVICES, Inventory, PciFunction
+from nicop.node.dra.slices import PoolContent
 from nicop.node.host import Host
 
 log = logging.getLogger(__name__)
@@ -39,9 +45,16 @@ class Device:
 
     name: str
     attributes: dict[str, dict[str, Any]]  # {"linkUp": {"bool": True}, ...}
+    consumes: tuple[str, int] | None = None  # (counter set, VFs' worth of its PF)
 
     def to_api(self) -> dict[str, Any]:
-        return {"name": self.name, "attributes": dict(sorted(self.attributes.items()))}
+        out: dict[str, Any] = {"name": self.name,
+                               "attributes": dict(sorted(self.attributes.items()))}
+        if self.consumes is not None:
+            counter_set, amount = self.consumes
+            out["consumesCounters"] = [{"counterSet": counter_set,
+                                        "counters": {dra.VF_COUNTER: {"value": str(amount)}}}]
+        return out
 
 
 def device_name(kind: str, address: str) -> str:
@@ -49,20 +62,37 @@ def device_name(kind: str, address: str) -> str:
     return f"{kind}-{address.replace(':', '-').replace('.', '-')}"
 
 
+def node_pool(inv: Inventory, host: Host) -> PoolContent:
+    """The node's devices and counter sets, as the node's pool of ResourceSlices holds them."""
+    return PoolContent([d.to_api() for d in node_devices(inv, host)], counter_sets(inv))
+
+
+def counter_sets(inv: Inventory) -> list[dict[str, Any]]:
+    """One counter set per Mellanox PF with VFs: `vfs`, as many as the PF has."""
+    return [{"name": device_name(dra.KIND_PF, fn.address),
+             "counters": {dra.VF_COUNTER: {"value": str(fn.num_vfs)}}}
+            for fn in sorted(inv.functions.values(), key=lambda f: f.address)
+            if _mellanox_nic(fn) and fn.pf is None and fn.num_vfs > 0]
+
+
+def _mellanox_nic(fn: PciFunction) -> bool:
+    return fn.vendor == MELLANOX_VENDOR and fn.base_class == NETWORK_CLASS
+
+
 def node_devices(inv: Inventory, host: Host) -> list[Device]:
     """The node's devices, ordered by name."""
     driver_version = kernel.loaded_version(host)
     result = []
     for fn in inv.functions.values():
-        if fn.vendor != MELLANOX_VENDOR or fn.base_class != NETWORK_CLASS:
+        if not _mellanox_nic(fn):
             continue
         if fn.pf is None:
-            if fn.rdma:
+            if fn.rdma and (fn.num_vfs == 0 or link_up(fn)):
                 result.append(_device(inv, host, fn, None, driver_version))
             continue
         pf = inv.functions.get(fn.pf)
-        if pf is None or not fn.driver:
-            continue
+        if pf is None or not fn.driver or pf.num_vfs == 0:
+            continue  # no PF, an unbound VF, or one going while sriov_numvfs is being reset
         if not link_up(pf):
             log.debug("VF %s left out: link of its PF %s is down", fn.address, pf.address)
             continue
@@ -121,7 +151,12 @@ def _device(
     typed = {name: _typed(name, value) for name, value in attrs.items() if value is not None}
     if firmware:
         typed[dra.FIRMWARE_VERSION] = {"version": firmware}
-    return Device(device_name(kind, fn.address), {k: v for k, v in typed.items() if v})
+    counter_pf = pf if pf is not None else fn
+    consumes = None
+    if counter_pf.num_vfs > 0:
+        consumes = (device_name(dra.KIND_PF, counter_pf.address),
+                    1 if pf is not None else fn.num_vfs)
+    return Device(device_name(kind, fn.address), {k: v for k, v in typed.items() if v}, consumes)
 
 
 def _typed(name: str, value: Any) -> dict[str, Any]:

@@ -12,15 +12,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.resources import NODE, RESOURCE_SLICE
-from nicop.node.dra.slices import SlicePlan, plan
+from nicop.node.dra.slices import PoolContent, SlicePlan, plan
 
 log = logging.getLogger(__name__)
 
-Devices = Callable[[], list[dict[str, Any]]]
+Devices = Callable[[], PoolContent]
 
 
 class SlicePublisher:
@@ -37,13 +36,13 @@ class SlicePublisher:
         self.published = asyncio.Event()
         """Set once the pool has been written (or found right) the first time."""
 
-    async def sync(self, devices: list[dict[str, Any]]) -> SlicePlan:
-        """One round: read the pool, write what differs from `devices`."""
+    async def sync(self, content: PoolContent) -> SlicePlan:
+        """One round: read the pool, write what differs from `content`."""
         node = await self.client.get(NODE, self.node_name)
         current, _ = await self.client.list(
             RESOURCE_SLICE,
             field_selector=f"spec.nodeName={self.node_name},spec.driver={self.driver}")
-        writes = plan(self.driver, self.node_name, devices, current, owner=node)
+        writes = plan(self.driver, self.node_name, content, current, owner=node)
         for obj in writes.create:
             await self.client.create(obj, res=RESOURCE_SLICE)
         for obj in writes.update:
@@ -52,20 +51,20 @@ class SlicePublisher:
             await self.client.delete(RESOURCE_SLICE, name)
         if not writes.noop:
             log.info("%s: node %s publishes %d devices (pool generation %d)", self.driver,
-                     self.node_name, len(devices), writes.generation)
+                     self.node_name, len(content.devices), writes.generation)
         return writes
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until `stop`: publish on every change of the devices, and check every `resync`."""
-        published: list[dict[str, Any]] | None = None
+        published: PoolContent | None = None
         checked = 0.0
         loop = asyncio.get_running_loop()
         while not stop.is_set():
-            devices = await asyncio.to_thread(self.devices)
-            if devices != published or loop.time() - checked >= self.resync:
+            content = await asyncio.to_thread(self.devices)
+            if content != published or loop.time() - checked >= self.resync:
                 try:
-                    await self.sync(devices)
-                    published, checked = devices, loop.time()
+                    await self.sync(content)
+                    published, checked = content, loop.time()
                     self.published.set()
                 except ApiError as e:  # the API server restarting, a conflict: next round
                     log.warning("%s: cannot publish the slices of node %s: %s", self.driver,

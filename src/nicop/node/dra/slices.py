@@ -2,8 +2,10 @@
 from the slices there to the slices wanted.
 
 One pool per node and driver, named after the node. Devices are ordered by name and cut into
-slices of at most 128, so the same devices always give the same slices. A pool with no devices
-is still published (one empty slice): the scheduler then knows the driver runs on the node.
+slices of at most 128 (64 when they consume counters), so the same devices always give the same
+slices. Counter sets, which a slice cannot hold beside devices, come first in slices of their
+own, 8 to a slice. A pool with no devices is still published (one empty slice): the scheduler
+then knows the driver runs on the node.
 
 Slices get deterministic names, `<driver>-<node>-<index>`, rather than the kubelet plugin
 helper's `generateName`: a create retried after a lost response then fails with AlreadyExists
@@ -26,6 +28,14 @@ from typing import Any
 from nicop.api import dra
 
 MAX_NAME = 253  # a ResourceSlice's name is a DNS subdomain
+
+
+@dataclass(frozen=True)
+class PoolContent:
+    """What a node's pool publishes, in API form: devices, and the counter sets they consume."""
+
+    devices: list[dict[str, Any]]
+    counter_sets: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -53,16 +63,25 @@ def slice_name(driver: str, node: str, index: int) -> str:
 
 
 def build_slices(
-    driver: str, node: str, devices: Sequence[Mapping[str, Any]], generation: int,
+    driver: str, node: str, content: PoolContent, generation: int,
     owner: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """The pool's slices: `devices` (API form) ordered by name, at most 128 per slice.
+    """The pool's slices: its counter sets ordered by name, 8 per slice, then its devices
+    ordered by name, at most 128 per slice (64 when any consumes counters).
 
     `owner` is the Node object (name and uid) to own the slices, so they go with the Node.
     """
-    ordered = sorted(devices, key=lambda d: str(d["name"]))
-    size = dra.MAX_DEVICES_PER_SLICE
-    chunks = [ordered[i:i + size] for i in range(0, len(ordered), size)] or [[]]
+    counter_sets = sorted(content.counter_sets, key=lambda c: str(c["name"]))
+    step = dra.MAX_COUNTER_SETS_PER_SLICE
+    chunks: list[dict[str, Any]] = [
+        {"sharedCounters": [dict(c) for c in counter_sets[i:i + step]]}
+        for i in range(0, len(counter_sets), step)]
+    ordered = sorted(content.devices, key=lambda d: str(d["name"]))
+    step = (dra.MAX_DEVICES_PER_SLICE_WITH_COUNTERS
+            if any(d.get("consumesCounters") for d in ordered) else dra.MAX_DEVICES_PER_SLICE)
+    chunks += [{"devices": [dict(d) for d in ordered[i:i + step]]}
+               for i in range(0, len(ordered), step)]
+    chunks = chunks or [{"devices": []}]
     metadata_extra: dict[str, Any] = {}
     if owner is not None:
         meta = owner.get("metadata", owner)
@@ -80,7 +99,7 @@ def build_slices(
                 "nodeName": node,
                 "pool": {"name": node, "generation": generation,
                          "resourceSliceCount": len(chunks)},
-                "devices": [dict(d) for d in chunk],
+                **chunk,
             },
         }
         for i, chunk in enumerate(chunks)
@@ -88,10 +107,10 @@ def build_slices(
 
 
 def plan(
-    driver: str, node: str, devices: Sequence[Mapping[str, Any]],
+    driver: str, node: str, content: PoolContent,
     current: Sequence[Mapping[str, Any]], owner: Mapping[str, Any] | None = None,
 ) -> SlicePlan:
-    """What to create, update and delete so that the node's pool holds `devices`.
+    """What to create, update and delete so that the node's pool holds `content`.
 
     `current` are the ResourceSlices in the API (others' slices among them are ignored). The
     generation stays when every slice of the newest generation there is already one of the
@@ -101,13 +120,13 @@ def plan(
     ours = [s for s in current if _spec(s).get("driver") == driver
             and _spec(s).get("nodeName") == node and _pool(s).get("name") == node]
     generation = max((int(_pool(s).get("generation", 0)) for s in ours), default=0)
-    wanted = {s["metadata"]["name"]: s for s in build_slices(driver, node, devices, generation)}
+    wanted = {s["metadata"]["name"]: s for s in build_slices(driver, node, content, generation)}
     newest = [s for s in ours if _pool(s).get("generation") == generation]
     if not newest or any(s["metadata"]["name"] not in wanted
                          or _managed(s) != _managed(wanted[s["metadata"]["name"]])
                          for s in newest):
         generation += 1
-    return _writes(generation, build_slices(driver, node, devices, generation, owner), ours)
+    return _writes(generation, build_slices(driver, node, content, generation, owner), ours)
 
 
 def _writes(
@@ -141,4 +160,4 @@ def _managed(obj: Mapping[str, Any]) -> tuple[Any, ...]:
     """The fields this module sets, to tell whether a slice needs writing."""
     spec = _spec(obj)
     return (spec.get("driver"), spec.get("nodeName"), dict(_pool(obj)),
-            spec.get("devices") or [])
+            spec.get("devices") or [], spec.get("sharedCounters") or [])
