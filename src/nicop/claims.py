@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightkube.utils.quantity import parse_quantity
+from nicop.kube.resources import quantity
 
 Obj = dict[str, Any]
 _DRIVER = re.compile(r'^device\.driver\s*==\s*"([^"]*)"$')
@@ -110,69 +110,65 @@ def allocated(claims: Iterable[Obj]) -> set[tuple[str, str, str]]:
     return taken
 
 
+def _pool_of(s: Obj) -> tuple[str, str, int]:
+    """(driver, pool name, generation) of a slice."""
+    spec = s.get("spec") or {}
+    pool = spec.get("pool") or {}
+    return spec.get("driver", ""), pool.get("name", ""), int(pool.get("generation", 0))
+
+
 def _newest(slices: Iterable[Obj]) -> list[Obj]:
     """The node-local slices of each pool's newest generation (the only one the scheduler
     reads)."""
-    def pool_of(s: Obj) -> tuple[tuple[str, str], int]:
-        spec = s.get("spec") or {}
-        pool = spec.get("pool") or {}
-        return (spec.get("driver", ""), pool.get("name", "")), int(pool.get("generation", 0))
-
     slices = list(slices)
-    newest: dict[tuple[str, str], int] = {}
+    newest: dict[tuple[str, str], int] = defaultdict(int)
     for s in slices:
-        key, generation = pool_of(s)
-        newest[key] = max(newest.get(key, 0), generation)
-    return [s for s in slices
-            if (s.get("spec") or {}).get("nodeName") and newest[pool_of(s)[0]] == pool_of(s)[1]]
+        driver, pool, generation = _pool_of(s)
+        newest[driver, pool] = max(newest[driver, pool], generation)
+    return [s for s in slices if (s.get("spec") or {}).get("nodeName")
+            and newest[_pool_of(s)[:2]] == _pool_of(s)[2]]
 
 
 def node_devices(slices: Iterable[Obj]) -> dict[str, list[tuple[str, str, Obj]]]:
     """node -> (driver, pool, device) from the newest generation of each node-local pool."""
     out: dict[str, list[tuple[str, str, Obj]]] = defaultdict(list)
     for s in _newest(slices):
-        spec = s["spec"]
-        pool = (spec.get("pool") or {}).get("name", "")
-        out[spec["nodeName"]] += [(spec.get("driver", ""), pool, d)
-                                  for d in spec.get("devices") or []]
+        driver, pool, _ = _pool_of(s)
+        out[s["spec"]["nodeName"]] += [(driver, pool, d) for d in s["spec"].get("devices") or []]
     return out
+
+
+Counter = tuple[str, str, str, str]  # driver, pool, counter set, counter
 
 
 def held_by_others(slices: Iterable[Obj], taken: set[tuple[str, str, str]]
                    ) -> set[tuple[str, str, str]]:
-    """Devices free themselves whose shared counters the taken devices have used up: a PF
-    while some of its VFs are allocated, its VFs while the PF is."""
-    slices = _newest(slices)
-    left: dict[tuple[str, str, str, str], float] = {}
-    for s in slices:
-        spec = s["spec"]
-        for counter_set in spec.get("sharedCounters") or []:
+    """Devices no claim holds that cannot be had anyway, because the devices claims hold have
+    used up the counters they share (as the scheduler counts): a PF while some of its VFs are
+    allocated, its VFs while the PF is."""
+    slices = list(slices)
+    left: dict[Counter, int] = {}
+    for s in _newest(slices):
+        driver, pool, _ = _pool_of(s)
+        for counter_set in s["spec"].get("sharedCounters") or []:
             for counter, value in (counter_set.get("counters") or {}).items():
-                left[(spec.get("driver", ""), (spec.get("pool") or {}).get("name", ""),
-                      counter_set.get("name", ""), counter)] = _quantity(value)
-    devices = [(spec.get("driver", ""), (spec.get("pool") or {}).get("name", ""), d)
-               for spec in (s["spec"] for s in slices) for d in spec.get("devices") or []]
+                left[driver, pool, counter_set.get("name", ""), counter] = quantity(
+                    value.get("value"))
 
-    def consumption(driver: str, pool: str, device: Obj) -> dict[tuple[str, str, str, str], float]:
-        return {(driver, pool, c.get("counterSet", ""), counter): _quantity(value)
+    def consumption(driver: str, pool: str, device: Obj) -> dict[Counter, int]:
+        return {(driver, pool, c.get("counterSet", ""), counter): quantity(value.get("value"))
                 for c in device.get("consumesCounters") or []
                 for counter, value in (c.get("counters") or {}).items()}
 
+    devices = [d for on_node in node_devices(slices).values() for d in on_node]
     for driver, pool, device in devices:
-        if (driver, pool, device.get("name", "")) in taken:
+        if (driver, pool, device["name"]) in taken:
             for key, amount in consumption(driver, pool, device).items():
-                left[key] = left.get(key, 0.0) - amount
-    return {(driver, pool, device.get("name", "")) for driver, pool, device in devices
-            if (driver, pool, device.get("name", "")) not in taken
-            and any(amount > left.get(key, 0.0)
+                left[key] = left.get(key, 0) - amount
+    return {(driver, pool, device["name"]) for driver, pool, device in devices
+            if (driver, pool, device["name"]) not in taken
+            and any(amount > left.get(key, 0)
                     for key, amount in consumption(driver, pool, device).items())}
-
-
-def _quantity(counter: Obj) -> float:
-    try:
-        return float(parse_quantity(str(counter.get("value", "0"))) or 0)
-    except ValueError:
-        return 0.0
 
 
 def fits(spec: Obj, classes: dict[str, Obj], slices: Iterable[Obj],

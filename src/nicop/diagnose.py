@@ -41,6 +41,7 @@ from nicop.kube.resources import (
     POD,
     RESOURCE_CLAIM_TEMPLATE,
     Obj,
+    quantity,
 )
 from nicop.kube.scheduling import node_matches, tolerates
 
@@ -914,7 +915,7 @@ def _device_check(snap: Snapshot, pod: Obj, subject: str, resource: str, count: 
     name = f"devices {resource}"
     if node_name:
         node = _node(snap, node_name)
-        alloc = st.quantity(((node or {}).get("status") or {}).get("allocatable", {}).get(
+        alloc = quantity(((node or {}).get("status") or {}).get("allocatable", {}).get(
             resource, 0))
         if alloc == 0:
             return Check(subject, name, "warn",
@@ -945,7 +946,7 @@ def _free_devices(snap: Snapshot, resource: str, uid: str | None) -> list[tuple[
     """(node, free, allocatable) of the nodes that advertise a resource, most free first."""
     out = []
     for node in snap.get("nodes") or []:
-        alloc = st.quantity(((node.get("status") or {}).get("allocatable") or {}).get(
+        alloc = quantity(((node.get("status") or {}).get("allocatable") or {}).get(
             resource, 0))
         if alloc <= 0:
             continue
@@ -958,7 +959,7 @@ def _free_devices(snap: Snapshot, resource: str, uid: str | None) -> list[tuple[
 def _no_such_resource_fix(snap: Snapshot, resource: str) -> str:
     advertised = sorted({r for n in snap.get("nodes") or []
                          for r, v in ((n.get("status") or {}).get("allocatable") or {}).items()
-                         if st.is_device_resource(r) and st.quantity(v) > 0})
+                         if st.is_device_resource(r) and quantity(v) > 0})
     configured = sorted({r for names in st.configured_resources(st.policy_of(snap)).values()
                          for r in names})
     if resource in configured:

@@ -21,7 +21,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from lightkube.utils.quantity import parse_quantity
 from rich.console import Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
@@ -54,6 +53,7 @@ from nicop.kube.resources import (
     RESOURCE_SLICE,
     SRIOV_NODE_STATE,
     Obj,
+    quantity,
 )
 from nicop.kube.resources import NIC_CLUSTER_POLICY as NCP
 from nicop.kube.resources import Resource as Kind
@@ -199,16 +199,6 @@ def labels_of(obj: Obj) -> dict[str, str]:
 def policy_of(snap: Snapshot) -> Obj | None:
     """The NicClusterPolicy the operator acts on (only `nic-cluster-policy` is)."""
     return next((p for p in snap.get("policies") or [] if name_of(p) == POLICY_NAME), None)
-
-
-def quantity(value: Any) -> int:
-    """An extended-resource quantity as a device count (they are whole numbers); 0 when it is
-    not a quantity."""
-    try:
-        parsed = parse_quantity(str(value).strip())
-    except ValueError:
-        return 0
-    return int(parsed) if parsed is not None else 0
 
 
 def pod_requests(pod: Obj) -> dict[str, int]:

@@ -22,7 +22,7 @@ ALLOWED = {
     "operator": {"api", "kube"},
     "status": {"api", "kube", "claims"},
     "status_graph": {"api", "kube", "status", "claims"},
-    "claims": set(),
+    "claims": {"kube"},
     "diagnose": {"api", "kube", "status", "claims"},
     "bundle": {"api", "kube", "status", "diagnose", "nicop"},
     "sim": {"api", "kube", "node", "cni"},

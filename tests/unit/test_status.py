@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from nicop import status
 from nicop.cli import app
+from nicop.kube.resources import quantity
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "docs" / "status-schema.json").read_text())
@@ -358,7 +359,7 @@ def test_driver_version_is_the_tag_without_what_the_operator_appends(image: str,
 
 
 def test_quantities_and_requests() -> None:
-    assert [status.quantity(q) for q in ("3", "1k", "2Ki", "x")] == [3, 1000, 2048, 0]
+    assert [quantity(q) for q in ("3", "1k", "2Ki", "x")] == [3, 1000, 2048, 0]
     pod = _pod("p", "n", requests={"rdma/a": "1"}, init_requests={"rdma/a": "4"})
     assert status.pod_requests(pod) == {"rdma/a": 4}
 

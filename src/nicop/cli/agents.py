@@ -270,7 +270,7 @@ def dra_plugin(
     from nicop.node import discovery
     from nicop.node.dra.devices import node_pool
     from nicop.node.dra.plugin import DraPlugin
-    from nicop.node.dra.publisher import Devices, SlicePublisher
+    from nicop.node.dra.publisher import PoolSource, SlicePublisher
     from nicop.node.dra.slices import PoolContent
     from nicop.node.host import Host
     from nicop.node.readiness import Readiness
@@ -278,7 +278,7 @@ def dra_plugin(
     if not node_name:
         raise fail("the node's name is needed: set NODE_NAME or --node-name")
     host: Host = Host.in_container(host_root)
-    sources: dict[str, Devices] = {}
+    sources: dict[str, PoolSource] = {}
     if sim_root is not None:
         from nicop.sim import gpu_dra
         from nicop.sim.hardware import SimulatedHost
@@ -290,9 +290,9 @@ def dra_plugin(
 
     async def main(stop: asyncio.Event) -> None:
         client = ApiClient(kubeconfig)
-        publishers = [SlicePublisher(client, driver, node_name, devices,
+        publishers = [SlicePublisher(client, driver, node_name, source,
                                      interval=poll_interval)
-                      for driver, devices in sources.items()]
+                      for driver, source in sources.items()]
         plugin = DraPlugin(client, node_name, host)
         readiness = Readiness()
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from lightkube.utils.quantity import parse_quantity
+
 Obj = dict[str, Any]
 
 
@@ -122,3 +124,13 @@ def key_of(obj: Obj) -> str:
     m = obj.get("metadata", {})
     ns = m.get("namespace")
     return f"{ns}/{m['name']}" if ns else str(m["name"])
+
+
+def quantity(value: Any) -> int:
+    """A quantity (`3`, `1k`, `2Ki`) as a whole number, as device counts and counters are; 0
+    when it is not a quantity."""
+    try:
+        parsed = parse_quantity(str(value).strip())
+    except ValueError:
+        return 0
+    return int(parsed) if parsed is not None else 0

@@ -19,18 +19,18 @@ from nicop.node.dra.slices import PoolContent, SlicePlan, plan
 
 log = logging.getLogger(__name__)
 
-Devices = Callable[[], PoolContent]
+PoolSource = Callable[[], PoolContent]  # read again at every rescan
 
 
 class SlicePublisher:
-    """Publishes `devices()` as the pool of `driver` on `node_name`."""
+    """Publishes `source()` as the pool of `driver` on `node_name`."""
 
-    def __init__(self, client: ApiClient, driver: str, node_name: str, devices: Devices, *,
+    def __init__(self, client: ApiClient, driver: str, node_name: str, source: PoolSource, *,
                  interval: float = 1.0, resync: float = 60.0) -> None:
         self.client = client
         self.driver = driver
         self.node_name = node_name
-        self.devices = devices
+        self.source = source
         self.interval = interval
         self.resync = resync
         self.published = asyncio.Event()
@@ -60,7 +60,7 @@ class SlicePublisher:
         checked = 0.0
         loop = asyncio.get_running_loop()
         while not stop.is_set():
-            content = await asyncio.to_thread(self.devices)
+            content = await asyncio.to_thread(self.source)
             if content != published or loop.time() - checked >= self.resync:
                 try:
                     await self.sync(content)
