@@ -116,7 +116,7 @@ CASES: list[tuple[str, str, dict[str, str], Any, int, str]] = [
      "ip 10.9.9.9 has no matching Pool"),
     ("negative allocateIPWithIndex", "sriov", {},
      with_(SRIOV, args={"cni": {"allocateIPWithIndex": -1}}), 7,
-     "args.cni.allocateIPWithIndex: must be a non-negative integer"),
+     "args.cni.allocateIPWithIndex: allocateIPWithIndex can't be negative (-1)"),
     ("no pod name for nv-ipam", "nv-ipam", {"CNI_ARGS": "K8S_POD_NAMESPACE=default"}, SRIOV, 4,
      "CNI_ARGS: K8S_POD_NAME is not provided by container runtime"),
     ("no CNI_NETNS on ADD", "sriov", {"CNI_NETNS": ""}, SRIOV, 4,

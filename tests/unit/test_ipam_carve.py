@@ -71,12 +71,13 @@ def test_ipv6_pool() -> None:
     (ippool(subnet="10.0.0.0/33"), "spec.subnet: '10.0.0.0/33' is not a CIDR"),
     (ippool(perNodeBlockSize=0), "spec.perNodeBlockSize: 0 must be an integer of at least 1"),
     (ippool(perNodeBlockSize=300), "spec.perNodeBlockSize: 300 is more than the "
-                                   "192.168.0.0/24 subnet has addresses for"),
+                                   "192.168.0.0/24 subnet has addresses for (254)"),
     (ippool(gateway="10.0.0.1"), "spec.gateway: 10.0.0.1 is not in the subnet 192.168.0.0/24"),
     (ippool(exclusions=[{"startIP": "192.168.0.9", "endIP": "192.168.0.2"}]),
-     "spec.exclusions[0]: 192.168.0.9-192.168.0.2 must be a range inside 192.168.0.0/24"),
+     "spec.exclusions[0]: endIP 192.168.0.2 should be equal or greater than startIP "
+     "192.168.0.9"),
     (ippool(perNodeExclusions=[{"startIndex": 10, "endIndex": 50}]),
-     "spec.perNodeExclusions[0]: 10-50 must be indexes 0..49 of a block, start <= end"),
+     "spec.perNodeExclusions[0].endIndex: 50 is outside of the per-node block range (max: 49)"),
 ])
 def test_invalid_ippools_name_the_field(spec: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidPool) as e:
@@ -120,7 +121,8 @@ def test_gateway_index_rules() -> None:
 def test_invalid_cidrpool() -> None:
     with pytest.raises(InvalidPool, match=r"spec.perNodeNetworkPrefix: 8 must be between 16 "):
         carve_cidrpool(cidrpool(perNodeNetworkPrefix=8), [], NODES)
-    with pytest.raises(InvalidPool, match=r"staticAllocations\[0\].prefix: 10.11.0.0/24 must"):
+    with pytest.raises(InvalidPool, match=r"staticAllocations\[0\].prefix: 10.11.0.0/24 is not "
+                                          r"part of the pool cidr 10.10.0.0/16"):
         carve_cidrpool(cidrpool(staticAllocations=[{"prefix": "10.11.0.0/24"}]), [], NODES)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from nicop.cni.ipam import Ipam, parse_nv_ipam
+from nicop.cni.ipam import Ipam
 from nicop.cni.pools import FilePools
 from nicop.cni.spec import CniError, Request, parse_request
 from nicop.cni.store import Reservation, Store
@@ -165,92 +165,3 @@ def test_a_second_add_for_the_same_container_and_interface_is_refused(ipam: Ipam
     assert [r.ip_address for r in ipam.store.snapshot()["pool1"]] == ["192.168.0.2"]
     assert first["ips"][1] == {"address": "10.100.0.2/16", "gateway": "10.100.0.1"}
     assert add(ipam, "pool1,pool2") == first
-
-
-def conf(tmp_path: Path, file: str, stdin: str, args: str = "") -> Request:
-    """A request as pkg/cni/types/types_test.go builds it: nv-ipam.conf with `file`, the
-    network configuration `stdin` (its %q is the conf dir)."""
-    d = tmp_path / CONF_DIR.lstrip("/")
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "nv-ipam.conf").write_text(file)
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c", "CNI_NETNS": "/x", "CNI_IFNAME": "net0",
-           "CNI_PATH": "/opt/cni/bin",
-           "CNI_ARGS": "K8S_POD_NAME=test;K8S_POD_NAMESPACE=test" + (";" + args if args else "")}
-    return parse_request("nv-ipam", env, stdin.replace("%q", json.dumps(CONF_DIR)).encode())
-
-
-@pytest.mark.parametrize(("case", "file", "stdin", "pools"), [
-    ("use network name if not set", "{}", '{"name": "my-net", "ipam": {"confDir": %q}}',
-     ["my-net"]),
-    ("from conf file", '{"poolName": "fromFile"}', '{"name": "my-net", "ipam": {"confDir": %q}}',
-     ["fromFile"]),
-    ("from STDIN", '{"poolName": "fromFile"}',
-     '{"name": "my-net", "ipam": {"confDir": %q, "poolName": "fromSTDIN"}}', ["fromSTDIN"]),
-    ("from STDIN CNI args", '{"poolName": "fromFile"}',
-     '{"name": "my-net", "args":{"cni": {"poolNames": ["fromArgs", "fromArgs2"]}}, '
-     '"ipam": {"confDir": %q, "poolName": "fromSTDIN"}}', ["fromArgs", "fromArgs2"]),
-    ("too many pools", "{}",
-     '{"name": "my-net", "ipam": {"confDir": %q, "poolName": "pool1,pool2,pool3"}}', None),
-])
-def test_pool_name_from_conf_file_stdin_and_args(tmp_path: Path, case: str, file: str,
-                                                  stdin: str, pools: list[str] | None) -> None:
-    """pkg/cni/types/types_test.go, DescribeTable "PoolName"."""
-    req = conf(tmp_path, file, stdin)
-    if pools is None:
-        with pytest.raises(CniError, match="at most two"):
-            parse_nv_ipam(req, Host(tmp_path))
-    else:
-        assert parse_nv_ipam(req, Host(tmp_path)).pools == pools, case
-
-
-@pytest.mark.parametrize(("case", "file", "stdin", "pool_type"), [
-    ("use IPPool by default", "{}", '{"name": "my-net", "ipam": {"confDir": %q}}', "ippool"),
-    ("from conf file", '{"poolType": "CIDRPool"}', '{"name": "my-net", "ipam": {"confDir": %q}}',
-     "cidrpool"),
-    ("from STDIN", "{}", '{"name": "my-net", "ipam": {"confDir": %q, "poolType": "cidrPool"}}',
-     "cidrpool"),
-    ("from STDIN CNI Args", "{}",
-     '{"name": "my-net", "args": {"cni": {"poolType":"cidrpool"}}, "ipam": {"confDir": %q}}',
-     "cidrpool"),
-    ("unknown type", "{}", '{"name": "my-net", "ipam": {"confDir": %q, "poolType": "foobar"}}',
-     None),
-])
-def test_pool_type_from_conf_file_stdin_and_args(tmp_path: Path, case: str, file: str,
-                                                  stdin: str, pool_type: str | None) -> None:
-    """pkg/cni/types/types_test.go, DescribeTable "PoolType"."""
-    req = conf(tmp_path, file, stdin)
-    if pool_type is None:
-        with pytest.raises(CniError, match="unsupported poolType 'foobar'"):
-            parse_nv_ipam(req, Host(tmp_path))
-    else:
-        assert parse_nv_ipam(req, Host(tmp_path)).pool_type == pool_type, case
-
-
-def test_force_pool_name_from_the_conf_file(tmp_path: Path) -> None:
-    """forcePoolName (IPAMConf, pkg/cni/types/types.go) read from nv-ipam.conf: the network name
-    is no longer taken as the pool name."""
-    req = conf(tmp_path, '{"forcePoolName": true}', '{"name": "my-net", "ipam": {}}')
-    with pytest.raises(CniError, match="no pool given"):
-        parse_nv_ipam(req, Host(tmp_path))
-
-
-def test_the_conf_file_is_read_by_the_daemon(ipam: Ipam, tmp_path: Path) -> None:
-    """The same "from conf file" entry, through an ADD: the pool comes from nv-ipam.conf in the
-    default conf dir."""
-    d = tmp_path / CONF_DIR.lstrip("/")
-    d.mkdir(parents=True)
-    (d / "nv-ipam.conf").write_text('{"poolName": "pool2"}')
-    got = ipam.allocate(request(ipam={}))
-    assert got["ips"] == [{"address": "10.100.0.2/16", "gateway": "10.100.0.1"}]
-
-
-def test_a_network_without_ipam_is_refused(ipam: Ipam) -> None:
-    """types_test.go "Fails if config does not contain ipam key": {"name": "my-net", "type":
-    "sriov"}."""
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c", "CNI_NETNS": "/x", "CNI_IFNAME": "net0",
-           "CNI_PATH": "/opt/cni/bin", "CNI_ARGS": "K8S_POD_NAME=test;K8S_POD_NAMESPACE=test"}
-    req = parse_request("nv-ipam", env, b'{"name": "my-net", "type": "sriov"}')
-    with pytest.raises(CniError) as e:
-        ipam.allocate(req)
-    assert (e.value.code, e.value.msg) == (7, "IPAM config missing 'ipam' key")
-    assert "my-net" in e.value.details

@@ -36,13 +36,33 @@ ALLOCATED = Gauge("nicop_ipam_allocated", "Addresses allocated on this node", ["
 POOL_SIZE = Gauge("nicop_ipam_pool_size", "Addresses this node can hand out", ["pool"])
 
 
+DEFAULT_LOG_FILE = "/var/log/nv-ipam-cni.log"
+DEFAULT_LOG_LEVEL = "info"
+DEFAULT_DAEMON_SOCKET = "unix:///var/lib/cni/nv-ipam/daemon.sock"
+DEFAULT_CALL_TIMEOUT = 5
+
+
 @dataclass
 class NvIpamConf:
+    """nv-ipam's IPAM config as resolved for one call: the network configuration's `ipam`
+    section, then `nv-ipam.conf`, then nv-ipam's defaults, each filling what the one before
+    left empty."""
+
     pools: list[str]
     pool_type: str
     static_ips: list[Address] = field(default_factory=list)
     default_gateway_as_ip: bool = False
     ip_index: int | None = None
+    conf_dir: str = CONF_DIR
+    force_pool_name: bool = False
+    log_level: str = DEFAULT_LOG_LEVEL
+    """"debug" (or "verbose") makes the daemon log what each call of the network resolved."""
+    log_file: str = DEFAULT_LOG_FILE
+    """Read for compatibility; nicop logs nv-ipam's calls in the cni-daemon's log instead."""
+    daemon_socket: str = DEFAULT_DAEMON_SOCKET
+    """Read for compatibility; the nv-ipam executable nicop installs finds nicop's daemon."""
+    daemon_call_timeout: int = DEFAULT_CALL_TIMEOUT
+    """Read for compatibility; the executable's timeout is in nicop-cni.conf."""
 
 
 def ipam_section(config: Obj) -> Obj | None:
@@ -63,6 +83,12 @@ def _parse_ip(field_name: str, value: object) -> Address:
         raise config_error(field_name, f"{value!r} is not an IP address") from None
 
 
+def _address(pool: PoolConfig, value: int) -> Address:
+    """The address `value` in the pool's family (a small IPv6 value is no IPv4 address)."""
+    return ipaddress.IPv4Address(value) if pool.subnet.version == 4 \
+        else ipaddress.IPv6Address(value)
+
+
 def conf_file(host: Host | None, ipam: Obj) -> Obj:
     """`nv-ipam.conf` in the IPAM conf dir (ipam.confDir, default /etc/cni/net.d/nv-ipam.d):
     defaults for the fields the network configuration leaves out, as nv-ipam's ConfLoader."""
@@ -81,18 +107,50 @@ def conf_file(host: Host | None, ipam: Obj) -> Obj:
     return data
 
 
+def _overlay(stdin: Obj, file: Obj) -> Obj:
+    """nv-ipam's overlayConf: a field the network configuration leaves empty ("", 0, missing)
+    comes from nv-ipam.conf, then from the defaults."""
+    defaults: Obj = {"forcePoolName": False, "poolType": "ippool", "confDir": CONF_DIR,
+                     "logFile": DEFAULT_LOG_FILE, "logLevel": DEFAULT_LOG_LEVEL,
+                     "daemonSocket": DEFAULT_DAEMON_SOCKET,
+                     "daemonCallTimeoutSeconds": DEFAULT_CALL_TIMEOUT}
+    out = dict(stdin)
+    for layer in (file, defaults):
+        for key, value in layer.items():
+            if out.get(key) in (None, "", 0) and not isinstance(out.get(key), bool):
+                out[key] = value
+    return out
+
+
+def _static_ips(req: Request, args_cni: Obj) -> list[Address]:
+    """Requested addresses in nv-ipam's priority: runtimeConfig.ips, args.cni.ips, CNI_ARGS IP
+    (each address may carry a prefix length, which is dropped)."""
+    runtime_ips = (req.config.get("runtimeConfig") or {}).get("ips") or []
+    if runtime_ips:
+        return [_parse_ip("runtimeConfig.ips", v) for v in runtime_ips]
+    if args_cni.get("ips"):
+        return [_parse_ip("args.cni.ips", v) for v in args_cni["ips"]]
+    if req.args.get("IP"):
+        try:
+            return [ipaddress.ip_address(req.args["IP"].split("/")[0])]
+        except ValueError:
+            raise config_error("CNI_ARGS IP", f"{req.args['IP']!r}: IP argument contains invalid "
+                               "IP address") from None
+    return []
+
+
 def parse_nv_ipam(req: Request, host: Host | None = None) -> NvIpamConf:
-    """nv-ipam's config rules: pool names, pool type and static addresses (cni/types.go); the
-    network configuration wins over nv-ipam.conf, CNI args over both."""
+    """nv-ipam's config rules (pkg/cni/types): pool names, pool type, static addresses and
+    features; the network configuration wins over nv-ipam.conf, CNI args over both."""
     config = req.config
     if not isinstance(config.get("ipam"), dict):
         raise CniError(Code.INVALID_CONFIG, "IPAM config missing 'ipam' key",
                        f"network {req.name!r} needs an \"ipam\" section, e.g. "
                        "{\"type\": \"nv-ipam\", \"poolName\": \"pool1\"}")
-    ipam = {**conf_file(host, config["ipam"]),
-            **{k: v for k, v in config["ipam"].items() if v not in (None, "")}}
+    ipam = _overlay(config["ipam"], conf_file(host, config["ipam"]))
     args_cni = ((config.get("args") or {}).get("cni") or {}) if isinstance(
         config.get("args"), dict) else {}
+    force = bool(ipam.get("forcePoolName"))
     names = args_cni.get("poolNames")
     if names:
         if not isinstance(names, list):
@@ -101,11 +159,12 @@ def parse_nv_ipam(req: Request, host: Host | None = None) -> NvIpamConf:
         where = "args.cni.poolNames"
     else:
         name = ipam.get("poolName")
-        if not name and not ipam.get("forcePoolName"):
+        if not name and not force:
             name = config.get("name")
         if not name:
-            raise config_error("ipam.poolName", "no pool given (set poolName, or the network "
-                               "name when forcePoolName is false)")
+            raise config_error("ipam.poolName", "no pool provided: forcePoolName is set (in the "
+                               "network configuration or nv-ipam.conf), so the network name is "
+                               "not taken; set poolName")
         if not isinstance(name, str):
             raise config_error("ipam.poolName", "must be a string such as \"pool1\" or "
                                "\"v4pool,v6pool\"")
@@ -115,18 +174,20 @@ def parse_nv_ipam(req: Request, host: Host | None = None) -> NvIpamConf:
         raise config_error(where, f"{len(pools)} pools given; at most two (one IPv4, one IPv6)")
     if any(not p.strip() for p in pools):
         raise config_error(where, f"{','.join(pools)!r} has an empty pool name")
-    pool_type = str(args_cni.get("poolType") or ipam.get("poolType") or "ippool").lower()
+    pool_type = str(args_cni.get("poolType") or ipam.get("poolType")).lower()
     if pool_type not in ("ippool", "cidrpool"):
         raise config_error("ipam.poolType", f"unsupported poolType {pool_type!r}, supported "
                            "values: ippool, cidrpool")
-    conf = NvIpamConf(pools=[p.strip() for p in pools], pool_type=pool_type)
-    runtime_ips = (config.get("runtimeConfig") or {}).get("ips") or []
-    if runtime_ips:
-        conf.static_ips = [_parse_ip("runtimeConfig.ips", v) for v in runtime_ips]
-    elif args_cni.get("ips"):
-        conf.static_ips = [_parse_ip("args.cni.ips", v) for v in args_cni["ips"]]
-    elif req.args.get("IP"):
-        conf.static_ips = [_parse_ip("CNI_ARGS IP", req.args["IP"])]
+    try:
+        timeout = int(ipam["daemonCallTimeoutSeconds"])
+    except (TypeError, ValueError):
+        raise config_error("ipam.daemonCallTimeoutSeconds", "must be a number of "
+                           "seconds") from None
+    conf = NvIpamConf(pools=[p.strip() for p in pools], pool_type=pool_type,
+                      conf_dir=str(ipam["confDir"]), force_pool_name=force,
+                      log_level=str(ipam["logLevel"]), log_file=str(ipam["logFile"]),
+                      daemon_socket=str(ipam["daemonSocket"]), daemon_call_timeout=timeout)
+    conf.static_ips = _static_ips(req, args_cni)
     if req.command in ("ADD", "DEL", "CHECK"):
         for key in ("K8S_POD_NAME", "K8S_POD_NAMESPACE"):
             if not req.args.get(key):
@@ -135,15 +196,22 @@ def parse_nv_ipam(req: Request, host: Host | None = None) -> NvIpamConf:
     conf.default_gateway_as_ip = bool(args_cni.get("allocateDefaultGateway"))
     index = args_cni.get("allocateIPWithIndex")
     if index is not None:
-        if not isinstance(index, int) or index < 0:
-            raise config_error("args.cni.allocateIPWithIndex", "must be a non-negative integer")
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise config_error("args.cni.allocateIPWithIndex", f"{index!r} must be an integer")
+        if index < 0:
+            raise config_error("args.cni.allocateIPWithIndex", f"allocateIPWithIndex can't be "
+                               f"negative ({index})")
         conf.ip_index = index
-    if conf.default_gateway_as_ip and (conf.static_ips or conf.ip_index is not None):
-        raise config_error("args.cni.allocateDefaultGateway", "can't be used together with a "
-                           "static IP request or allocateIPWithIndex")
+    if conf.default_gateway_as_ip:
+        if conf.static_ips:
+            raise config_error("args.cni.allocateDefaultGateway", "allocateDefaultGateway "
+                               "can't be used together with static IP request")
+        if conf.ip_index is not None:
+            raise config_error("args.cni.allocateDefaultGateway", "allocateDefaultGateway "
+                               "can't be used together allocateIPWithIndex")
     if conf.ip_index is not None and conf.static_ips:
-        raise config_error("args.cni.allocateIPWithIndex", "can't be used together with a "
-                           "static IP request")
+        raise config_error("args.cni.allocateIPWithIndex", "allocateIPWithIndex can't be used "
+                           "together with static IP request")
     return conf
 
 
@@ -166,6 +234,7 @@ class Ipam:
               static: Address | None) -> Address:
         gw = int(pool.gateway) if pool.gateway is not None else None
         if static is not None:
+            # as nv-ipam: a requested address may be outside the node's block and excluded
             if static not in pool.subnet:
                 raise config_error("static IP", f"{static} is not in pool {pool.name} "
                                    f"({pool.subnet})")
@@ -175,23 +244,16 @@ class Ipam:
             return static
         if conf.default_gateway_as_ip:
             if pool.gateway is None:
-                raise config_error("args.cni.allocateDefaultGateway",
-                                   f"pool {pool.name} has no gateway")
+                raise config_error("args.cni.allocateDefaultGateway", "pool without gateway "
+                                   "can't be used with allocateDefaultGateway, pool "
+                                   f"\"{pool.name}\", poolType \"{pool.kind}\"")
             if str(pool.gateway) in taken:
                 raise CniError(Code.DEVICE_BUSY, f"the gateway {pool.gateway} of pool "
                                f"{pool.name} is already allocated")
             return pool.gateway
         start, end = int(pool.start), int(pool.end)
         if conf.ip_index is not None:
-            value = start + conf.ip_index
-            if value > end:
-                raise config_error("args.cni.allocateIPWithIndex", f"index {conf.ip_index} is "
-                                   f"outside the node's block {pool.start}-{pool.end}")
-            ip = ipaddress.ip_address(value)
-            if str(ip) in taken or value == gw or pool.excluded(value):
-                raise CniError(Code.DEVICE_BUSY, f"{ip} (index {conf.ip_index}) of pool "
-                               f"{pool.name} is not free")
-            return ip
+            return self._indexed(pool, taken, conf.ip_index)
         last = self.store.last_reserved(pool.key)
         first = start
         if last:
@@ -206,31 +268,64 @@ class Ipam:
             value = start + (first - start + step) % span
             if value == gw or pool.excluded(value):
                 continue
-            ip = ipaddress.ip_address(value)
+            ip = _address(pool, value)
             if str(ip) not in taken:
                 return ip
         raise CniError(Code.NO_FREE_ADDRESSES, f"no free addresses in pool {pool.name} on this "
                        f"node ({pool.start}-{pool.end}, {len(taken)} allocated)",
                        "enlarge perNodeBlockSize, or free addresses of pods that are gone")
 
+    def _indexed(self, pool: PoolConfig, taken: set[str], index: int) -> Address:
+        """allocateIPWithIndex: the index-th address of the node's block (nv-ipam's order of
+        checks). Unlike nv-ipam, an excluded address is refused rather than handed out."""
+        value = int(pool.start) + index
+        ip = _address(pool, value) if value < 2 ** pool.subnet.max_prefixlen else None
+        field_name = "args.cni.allocateIPWithIndex"
+        if ip is not None and ip == pool.gateway:
+            raise config_error(field_name, f"requested IP index \"{index}\" is the actual "
+                               f"gateway {ip} of pool {pool.name}, use allocateDefaultGateway "
+                               "instead")
+        if ip is None or value > int(pool.end):
+            raise config_error(field_name, f"requested IP index \"{index}\" is outside of the "
+                               f"given chunk {pool.start}-{pool.end} of pool {pool.name}")
+        if pool.excluded(value):
+            raise config_error(field_name, f"requested IP index \"{index}\" is {ip}, which "
+                               f"pool {pool.name} excludes (spec.exclusions or "
+                               "spec.perNodeExclusions); choose another index")
+        if str(ip) in taken:
+            raise CniError(Code.DEVICE_BUSY, f"requested IP {ip} (index {index}) is already "
+                           f"reserved in the pool \"{pool.name}\", poolType \"{pool.kind}\"")
+        return ip
+
     def parse(self, req: Request) -> NvIpamConf:
-        return parse_nv_ipam(req, self.host)
+        conf = parse_nv_ipam(req, self.host)
+        if conf.log_level.lower() in ("debug", "verbose"):
+            log.info("nv-ipam %s %s/%s of network %s: pools %s (%s), static IPs %s, "
+                     "allocateDefaultGateway %s, allocateIPWithIndex %s, conf dir %s",
+                     req.command, req.container_id, req.ifname, req.name, conf.pools,
+                     conf.pool_type, [str(ip) for ip in conf.static_ips],
+                     conf.default_gateway_as_ip, conf.ip_index, conf.conf_dir)
+        return conf
 
     @staticmethod
     def _static_for(pool: PoolConfig, conf: NvIpamConf) -> Address | None:
         """The first requested static address inside the pool's subnet (nv-ipam's rule)."""
         return next((ip for ip in conf.static_ips if ip in pool.subnet), None)
 
-    @staticmethod
-    def _check_statics(pools: list[PoolConfig], conf: NvIpamConf) -> None:
+    @classmethod
+    def _check_statics(cls, pools: list[PoolConfig], conf: NvIpamConf) -> None:
+        """Every requested address must be the one a pool takes: nv-ipam takes the first per
+        pool, so a second address in the same pool fails the ADD as one in no pool does."""
+        chosen = {cls._static_for(pool, conf) for pool in pools}
         for ip in conf.static_ips:
-            if not any(ip in pool.subnet for pool in pools):
+            if ip not in chosen:
                 raise CniError(
                     Code.INVALID_CONFIG,
                     "not all requested static IPs can be allocated from the ranges available "
                     f"on the node, ip {ip} has no matching Pool",
                     "requested pools: " + ", ".join(f"{p.name} ({p.subnet})" for p in pools)
-                    + "; request an address inside one of them, or add its pool to poolName")
+                    + "; request at most one address per pool, inside it, or add its pool to "
+                    "poolName")
 
     def allocate(self, req: Request, device_id: str = "") -> Obj:
         """ADD for nv-ipam: one address per pool, stored before the answer. A second ADD for
@@ -296,8 +391,10 @@ class Ipam:
         for pool in conf.pools:
             if self.store.get(pool_key(conf.pool_type, pool), req.container_id,
                               req.ifname) is None:
-                raise CniError(Code.INTERNAL, f"no allocation in pool {pool} for container "
-                               f"{req.container_id} interface {req.ifname}")
+                raise CniError(Code.INTERNAL, f"reservation for pool \"{pool}\", poolType "
+                               f"\"{conf.pool_type}\" not found",
+                               f"container {req.container_id} interface {req.ifname} holds no "
+                               "address of it on this node")
 
     def ready(self, req: Request) -> None:
         """STATUS for nv-ipam: the node has a block of every pool the config names."""

@@ -18,6 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from nicop.api.nvipam_rules import (
+    cidrpool_allocation_problem,
+    cidrpool_problems,
+    parse_cidr,
+    parse_ip,
+)
 from nicop.cni.spec import CniError, Code, Obj, config_error
 from nicop.cni.store import pool_key
 from nicop.kube.informer import Informer
@@ -33,6 +39,10 @@ Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
+class UnusableBlock(ValueError):
+    """A node's block that cannot be allocated from; the message says why and what to fix."""
+
+
 @dataclass(frozen=True)
 class PoolConfig:
     """The addresses one node hands out from one pool."""
@@ -44,7 +54,8 @@ class PoolConfig:
     end: Address
     gateway: Address | None = None
     exclusions: tuple[tuple[int, int], ...] = ()
-    """Address ranges (as integers, inclusive) never handed out."""
+    """Address ranges (as integers, inclusive) never handed out, in the order nv-ipam lists
+    them for the node; they may overlap."""
     routes: tuple[str, ...] = ()
     default_gateway: bool = False
 
@@ -80,10 +91,20 @@ class PoolConfig:
         return [{"dst": str(n), "gw": str(self.gateway)} for n in sort_routes(nets)]
 
     def snapshot(self) -> str:
-        """The config as nv-ipam records it with each reservation."""
+        """The node's pool config as nv-ipam records it with each reservation and as the
+        pool's last_pool_config in the store (its pool.Pool in Go's JSON)."""
+        version = self.subnet.version
+
+        def ip(value: int) -> str:
+            return str(ipaddress.IPv4Address(value) if version == 4
+                       else ipaddress.IPv6Address(value))
+
         return json.dumps({
-            "name": self.name, "subnet": str(self.subnet), "startIP": str(self.start),
-            "endIP": str(self.end), "gateway": str(self.gateway or ""),
+            "subnet": str(self.subnet), "startIP": str(self.start), "endIP": str(self.end),
+            "gateway": str(self.gateway or ""),
+            "exclusions": [{"startIP": ip(lo), "endIP": ip(hi)} for lo, hi in self.exclusions],
+            "routes": [{"dst": r} for r in self.routes],
+            "defaultGateway": self.default_gateway,
         }, separators=(",", ":"))
 
 
@@ -133,51 +154,92 @@ def host_range(net: Network) -> tuple[Address, Address]:
     return net[1], last
 
 
-def _exclusions(spec: Obj, base: int, block: tuple[int, int]) -> tuple[tuple[int, int], ...]:
+def _ranges(spec: Obj) -> list[tuple[int, int]]:
+    """A spec's `exclusions` as integers, skipping what does not parse (the controller reports
+    those)."""
     out = []
     for ex in spec.get("exclusions") or []:
-        try:
-            out.append((int(ipaddress.ip_address(ex["startIP"])),
-                        int(ipaddress.ip_address(ex["endIP"]))))
-        except (KeyError, ValueError):
-            continue
+        lo, hi = parse_ip(ex.get("startIP")), parse_ip(ex.get("endIP"))
+        if lo is not None and hi is not None:
+            out.append((int(lo), int(hi)))
+    return out
+
+
+def _index_ranges(spec: Obj, base: int, bounds: tuple[int, int]) -> list[tuple[int, int]]:
+    """`perNodeExclusions` as addresses counted from `base`, clamped to `bounds`; a range
+    entirely outside them is left out (nv-ipam's ExcludeIndexRangeToExcludeRange and
+    ClampExcludeRanges)."""
+    out = []
     for ex in spec.get("perNodeExclusions") or []:
         lo, hi = base + int(ex.get("startIndex", 0)), base + int(ex.get("endIndex", 0))
-        out.append((max(lo, block[0]), min(hi, block[1])))
-    return tuple(out)
+        if lo > bounds[1] or hi < bounds[0]:
+            continue
+        out.append((max(lo, bounds[0]), min(hi, bounds[1])))
+    return out
+
+
+def _routes(spec: Obj) -> tuple[str, ...]:
+    """The pool's route destinations; one that is not a CIDR makes the block unusable (nv-ipam
+    fails the ADD on it), so it is refused before any address is taken."""
+    routes = []
+    for i, route in enumerate(spec.get("routes") or []):
+        if parse_cidr(route.get("dst")) is None:
+            raise UnusableBlock(f"spec.routes[{i}].dst: {route.get('dst')!r} is not a subnet in "
+                                "CIDR notation, e.g. 10.0.0.0/8")
+        routes.append(str(route["dst"]))
+    return tuple(routes)
+
+
+def _check_range(subnet: Network, start: Address, end: Address) -> None:
+    """nv-ipam's Range rules: both ends in the subnet, the start not after the end."""
+    for key, ip in (("startIP", start), ("endIP", end)):
+        if ip.version != subnet.version or ip not in subnet:
+            raise UnusableBlock(f"{key} {ip} is not in the subnet {subnet}")
+    if int(start) > int(end):
+        raise UnusableBlock(f"startIP {start} is after endIP {end}")
 
 
 def node_pool_config(kind: str, pool: Obj, node: str) -> PoolConfig | None:
-    """This node's share of an IPPool or CIDRPool object, None while it has no block."""
+    """This node's share of an IPPool or CIDRPool object, None while it has no block. A block
+    that cannot be used (a status entry that does not fit the spec, a CIDRPool spec that is
+    invalid) raises UnusableBlock: nv-ipam's node agent ignores such a pool too."""
     spec = pool.get("spec") or {}
     name = pool["metadata"]["name"]
-    routes = tuple(r["dst"] for r in spec.get("routes") or [] if r.get("dst"))
-    default_gw = bool(spec.get("defaultGateway"))
-    for alloc in (pool.get("status") or {}).get("allocations") or []:
-        if alloc.get("nodeName") != node:
-            continue
-        try:
-            if kind == "ippool":
-                subnet = ipaddress.ip_network(spec["subnet"], strict=False)
-                start = ipaddress.ip_address(alloc["startIP"])
-                end = ipaddress.ip_address(alloc["endIP"])
-                gateway = ipaddress.ip_address(spec["gateway"]) if spec.get("gateway") else None
-                base = int(start)
-            else:
-                subnet = ipaddress.ip_network(alloc["prefix"], strict=False)
-                start, end = host_range(subnet)
-                gw = alloc.get("gateway")
-                gateway = ipaddress.ip_address(gw) if gw else None
-                base = int(subnet.network_address)
-        except (KeyError, ValueError) as e:
-            log.warning("%s %s: unusable block for node %s: %s", kind, name, node, e)
-            return None
-        return PoolConfig(
-            name=name, kind=kind, subnet=subnet, start=start, end=end, gateway=gateway,
-            exclusions=_exclusions(spec, base, (int(start), int(end))), routes=routes,
-            default_gateway=default_gw,
-        )
-    return None
+    allocations = (pool.get("status") or {}).get("allocations") or []
+    alloc = next((a for a in allocations if a.get("nodeName") == node), None)
+    if alloc is None:
+        return None
+    if kind == "ippool":
+        subnet = parse_cidr(spec.get("subnet"))
+        start, end = parse_ip(alloc.get("startIP")), parse_ip(alloc.get("endIP"))
+        if subnet is None or start is None or end is None:
+            raise UnusableBlock(f"block {alloc.get('startIP')}-{alloc.get('endIP')} of subnet "
+                                f"{spec.get('subnet')} does not parse")
+        gateway = parse_ip(spec["gateway"]) if spec.get("gateway") else None
+        _check_range(subnet, start, end)
+        exclusions = _ranges(spec) + _index_ranges(spec, int(start), (int(start), int(end)))
+    else:
+        _, problems = cidrpool_problems(spec)
+        if problems:
+            raise UnusableBlock("the spec is invalid: " + "; ".join(problems))
+        problem = cidrpool_allocation_problem(spec, alloc, allocations)
+        if problem:
+            raise UnusableBlock(f"the status entry of node {node} does not fit the spec: "
+                                f"{problem}")
+        subnet = ipaddress.ip_network(alloc["prefix"])
+        start, end = host_range(subnet)
+        gateway = parse_ip(alloc["gateway"]) if alloc.get("gateway") else None
+        first, last = int(start), int(end)
+        exclusions = [(lo if lo >= int(subnet.network_address) else first,
+                       hi if hi <= int(subnet.broadcast_address) else last)
+                      for lo, hi in _ranges(spec) if lo <= last and hi >= first]
+        exclusions += _index_ranges(spec, int(subnet.network_address),
+                                    (int(subnet.network_address), last))
+    return PoolConfig(
+        name=name, kind=kind, subnet=subnet, start=start, end=end, gateway=gateway,
+        exclusions=tuple(exclusions), routes=_routes(spec),
+        default_gateway=bool(spec.get("defaultGateway")),
+    )
 
 
 class PoolSource(Protocol):
@@ -217,13 +279,18 @@ class FilePools:
             first, last = host_range(subnet)
             start = ipaddress.ip_address(p.get("startIP") or first)
             end = ipaddress.ip_address(p.get("endIP") or last)
+            try:
+                _check_range(subnet, start, end)
+                routes = _routes(p)
+            except UnusableBlock as e:
+                raise ValueError(f"pool {name}: {e}") from None
             pools[name] = PoolConfig(
                 name=name, kind=p.get("poolType", "ippool"), subnet=subnet, start=start,
                 end=end,
                 gateway=ipaddress.ip_address(p["gateway"]) if p.get("gateway") else None,
-                exclusions=_exclusions(p, int(start), (int(start), int(end))),
-                routes=tuple(r["dst"] for r in p.get("routes") or []),
-                default_gateway=bool(p.get("defaultGateway")),
+                exclusions=tuple(_ranges(p) + _index_ranges(p, int(start),
+                                                            (int(start), int(end)))),
+                routes=routes, default_gateway=bool(p.get("defaultGateway")),
             )
         return pools
 
@@ -252,7 +319,9 @@ class KubePools:
     def __init__(self, manager: Manager, namespace: str, node: str) -> None:
         self.namespace = namespace
         self.node = node
-        self._configs: dict[tuple[str, str], PoolConfig | None] = {}
+        self._configs: dict[tuple[str, str], PoolConfig | str | None] = {}
+        """A pool's config for this node; None while it has no block, the reason when its
+        block cannot be used."""
         self.informers: dict[str, Informer] = {}
         for kind, res in POOL_TYPES.items():
             informer = manager.informer(res, namespace)
@@ -273,7 +342,12 @@ class KubePools:
             if event == "DELETED":
                 configs.pop(key, None)
             else:
-                configs[key] = node_pool_config(kind, obj, self.node)
+                try:
+                    configs[key] = node_pool_config(kind, obj, self.node)
+                except UnusableBlock as e:
+                    log.warning("%s %s/%s: node %s cannot use its block: %s",
+                                POOL_TYPES[kind].kind, self.namespace, key[1], self.node, e)
+                    configs[key] = str(e)
             self._configs = configs
         return changed
 
@@ -287,15 +361,20 @@ class KubePools:
             raise config_error("ipam.poolName", f"no {res.kind} named {name!r} in namespace "
                                f"{self.namespace}")
         pool = configs[(kind, name)]
+        what = f"{POOL_TYPES[kind].kind} {self.namespace}/{name}"
         if pool is None:
             raise CniError(
-                Code.TRY_AGAIN_LATER,
-                f"{POOL_TYPES[kind].kind} {self.namespace}/{name} has no block for node "
-                f"{self.node} yet",
+                Code.TRY_AGAIN_LATER, f"{what} has no block for node {self.node} yet",
                 "the node must match the pool's nodeSelector and the pool must have a free "
                 "block; nicop operator writes the blocks into the pool's status",
             )
+        if isinstance(pool, str):
+            raise CniError(Code.TRY_AGAIN_LATER, f"{what} cannot be used on node {self.node}: "
+                           f"{pool}", "fix the pool's spec; nicop operator rewrites the "
+                           "blocks in its status (kubectl describe shows its Allocated "
+                           "condition)")
         return pool
 
     def known(self) -> dict[str, PoolConfig]:
-        return {name: cfg for (_, name), cfg in self._configs.items() if cfg is not None}
+        return {name: cfg for (_, name), cfg in self._configs.items()
+                if isinstance(cfg, PoolConfig)}

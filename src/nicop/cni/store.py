@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import threading
 import time
@@ -22,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nicop.node.host import Host
+
+log = logging.getLogger(__name__)
 
 STORE_PATH = "/var/lib/cni/nv-ipam/store"
 VERSION = 1
@@ -33,8 +36,18 @@ def pool_key(pool_type: str, name: str) -> str:
     return name if pool_type in ("", "ippool") else f"{pool_type}/{name}"
 
 
+LEGACY_DIR = "/var/lib/cni/nv-ipam/state/host-local"
+"""Where nv-ipam before v0.1.0 kept allocations (host-local's layout)."""
+
+
 class StoreError(Exception):
     """The store file cannot be used (corrupt, another daemon holds it)."""
+
+
+class ReservationError(ValueError):
+    """A reservation the store refuses: the container's interface already holds one in the
+    pool, or the address is held by another (nv-ipam's ErrReservationAlreadyExist and
+    ErrIPAlreadyReserved)."""
 
 
 @dataclass
@@ -141,20 +154,43 @@ class Store:
             raise StoreError(f"{self.path} is in use by another process (a second cni-daemon "
                              "or nv-ipam's ipam-node on this node?)") from None
         self.pools: dict[str, PoolEntries] = self._load()
+        self._warn_legacy()
         self._depth = 0
         self._snapshot: dict[str, PoolEntries] | None = None
 
     def close(self) -> None:
         self._lock_file.close()
 
+    def _warn_legacy(self) -> None:
+        """nv-ipam v0.1.0 to v0.3.5 moved the host-local files of v0.0.x into this store on
+        start; later versions and nicop do not, so say that those addresses are not known."""
+        legacy = self.host.path(LEGACY_DIR)
+        try:
+            held = sorted(str(p.relative_to(legacy)) for p in legacy.glob("*/*")
+                          if p.is_file() and p.name != "lock"
+                          and not p.name.startswith("last_reserved_ip"))
+        except OSError:
+            return
+        if held:
+            log.warning("%s holds %d allocations of nv-ipam before v0.1.0 (%s); nicop does not "
+                        "read them, so those addresses may be handed out again: upgrade the "
+                        "node through nv-ipam v0.3.5 (which moves them into %s) or remove the "
+                        "directory once their pods are gone", legacy, len(held),
+                        ", ".join(held[:5]) + (" ..." if len(held) > 5 else ""), self.path)
+
     def _load(self) -> dict[str, PoolEntries]:
         try:
-            data = json.loads(self.path.read_bytes())
+            data = json.loads(self.path.read_bytes() or b"null")
         except FileNotFoundError:
             return {}
         except ValueError as e:
             raise StoreError(f"{self.path} is not valid JSON ({e}); move it away to start "
                              "with no allocations") from None
+        if data is None:  # an empty file, as nv-ipam takes it: no allocations yet
+            return {}
+        if not isinstance(data, dict):
+            raise StoreError(f"{self.path} holds no store object; move it away to start with "
+                             "no allocations")
         if data.get("version") != VERSION:
             raise StoreError(f"{self.path} has layout version {data.get('version')}, "
                              f"nicop reads version {VERSION}")
@@ -250,9 +286,18 @@ class Store:
     def reserve(self, pool: str, res: Reservation, pool_config: str = "",
                 move_pointer: bool = True) -> None:
         """Stores `res`; a static address (move_pointer False) leaves the round-robin pointer
-        where it was, as nv-ipam does."""
+        where it was, as nv-ipam does. Never a second reservation for the container's
+        interface in a pool, never an address twice (ReservationError)."""
         with self.transaction():
             p = self.pools.setdefault(pool, PoolEntries(pool))
+            held = p.entries.get(res.key)
+            if held is not None:
+                raise ReservationError(f"{res.container_id} {res.interface_name} already holds "
+                                       f"{held.ip_address} in pool {pool}")
+            owner = next((r for r in p.entries.values() if r.ip_address == res.ip_address), None)
+            if owner is not None:
+                raise ReservationError(f"{res.ip_address} is already reserved in pool {pool} by "
+                                       f"{owner.container_id} {owner.interface_name}")
             res.create_time = res.create_time or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             p.entries[res.key] = res
             if move_pointer:

@@ -21,6 +21,14 @@ from collections.abc import Callable
 from typing import Any
 
 from nicop import logs
+from nicop.api.nvipam_rules import (
+    InvalidPool,
+    expected_gateway,
+    gateway_for,
+    host_bounds,
+    validate_cidrpool,
+    validate_ippool,
+)
 from nicop.kube.client import ApiError
 from nicop.kube.conditions import with_condition
 from nicop.kube.events import EventRecorder
@@ -31,51 +39,10 @@ from nicop.kube.scheduling import node_matches
 
 log = logging.getLogger(__name__)
 
+__all__ = ["InvalidPool", "IpamController", "carve_cidrpool", "carve_ippool", "gateway_for"]
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 ALLOCATED = "Allocated"
 """The pool status condition: True when every selected node has a block."""
-
-
-class InvalidPool(ValueError):
-    """A pool spec nothing can be carved from; the message names the field."""
-
-
-# ------------------------------------------------------------------ shared arithmetic
-
-def _address(field: str, value: object) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-    try:
-        return ipaddress.ip_address(str(value))
-    except ValueError:
-        raise InvalidPool(f"{field}: {value!r} is not an IP address") from None
-
-
-def _network(field: str, value: object) -> Network:
-    try:
-        return ipaddress.ip_network(str(value), strict=False)
-    except ValueError:
-        raise InvalidPool(f"{field}: {value!r} is not a CIDR") from None
-
-
-def point_to_point(net: Network) -> bool:
-    """/31, /32, /127 and /128 networks: every address is a host address."""
-    return net.prefixlen >= net.max_prefixlen - 1
-
-
-def possible_ips(net: Network) -> int:
-    """nv-ipam's GetPossibleIPCount: host addresses of a network (no network address, and no
-    broadcast address in IPv4), all of a point-to-point or single-address network."""
-    if point_to_point(net):
-        return net.num_addresses
-    return net.num_addresses - (2 if net.version == 4 else 1)
-
-
-def host_bounds(net: Network) -> tuple[int, int]:
-    """First and last host address of a network, as integers."""
-    first, last = int(net.network_address), int(net.broadcast_address)
-    if point_to_point(net):
-        return first, last
-    return first + 1, last - (1 if net.version == 4 else 0)
 
 
 def merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -176,35 +143,7 @@ class Blocks:
         return None
 
 
-def _validate_exclusions(spec: Obj, net: Network, size: int, what: str) -> None:
-    for i, ex in enumerate(spec.get("exclusions") or []):
-        start = _address(f"spec.exclusions[{i}].startIP", ex.get("startIP"))
-        end = _address(f"spec.exclusions[{i}].endIP", ex.get("endIP"))
-        if start not in net or end not in net or int(start) > int(end):
-            raise InvalidPool(f"spec.exclusions[{i}]: {start}-{end} must be a range inside "
-                              f"{net}")
-    for i, ex in enumerate(spec.get("perNodeExclusions") or []):
-        lo, hi = ex.get("startIndex", 0), ex.get("endIndex", 0)
-        if not 0 <= lo <= hi < size:
-            raise InvalidPool(f"spec.perNodeExclusions[{i}]: {lo}-{hi} must be indexes "
-                              f"0..{size - 1} of {what}, start <= end")
-
-
 # ------------------------------------------------------------------ IPPool
-
-def validate_ippool(spec: Obj) -> Network:
-    net = _network("spec.subnet", spec.get("subnet"))
-    size = spec.get("perNodeBlockSize")
-    if not isinstance(size, int) or size < 1:
-        raise InvalidPool(f"spec.perNodeBlockSize: {size!r} must be an integer of at least 1")
-    if size > possible_ips(net):
-        raise InvalidPool(f"spec.perNodeBlockSize: {size} is more than the {net} subnet has "
-                          "addresses for")
-    if spec.get("gateway") and _address("spec.gateway", spec["gateway"]) not in net:
-        raise InvalidPool(f"spec.gateway: {spec['gateway']} is not in the subnet {net}")
-    _validate_exclusions(spec, net, size, "a block")
-    return net
-
 
 def ippool_blocks(spec: Obj) -> Blocks:
     """The blocks of a valid IPPool spec, as nv-ipam cuts them: from the first host address
@@ -256,60 +195,13 @@ def carve_ippool(spec: Obj, existing: list[Obj], nodes: list[str]) -> tuple[list
 
 # ------------------------------------------------------------------ CIDRPool
 
-def gateway_for(prefix: Network, index: int | None) -> str:
-    """nv-ipam's GetGatewayForSubnet: network + index; index 0 only for /31-/32 (/127-/128)."""
-    if index is None:
-        return ""
-    hosts = possible_ips(prefix)
-    if point_to_point(prefix):
-        hosts -= 1
-    elif index == 0:
-        return ""
-    if index < 0 or index > hosts:
-        return ""
-    return str(prefix.network_address + index)
-
-
-def validate_cidrpool(spec: Obj) -> tuple[Network, int]:
-    net = _network("spec.cidr", spec.get("cidr"))
-    length = spec.get("perNodeNetworkPrefix")
-    if not isinstance(length, int) or not net.prefixlen <= length <= net.max_prefixlen:
-        raise InvalidPool(f"spec.perNodeNetworkPrefix: {length!r} must be between "
-                          f"{net.prefixlen} and {net.max_prefixlen}")
-    index = spec.get("gatewayIndex")
-    if index is not None:
-        sample = ipaddress.ip_network(f"{net.network_address}/{length}")
-        if not gateway_for(sample, index):
-            raise InvalidPool(f"spec.gatewayIndex: {index} is not an address of a /{length}")
-    _validate_exclusions(spec, net, 2 ** (net.max_prefixlen - length), "a node's prefix")
-    seen_nodes: set[str] = set()
-    seen_prefixes: set[str] = set()
-    for i, static in enumerate(spec.get("staticAllocations") or []):
-        prefix = _network(f"spec.staticAllocations[{i}].prefix", static.get("prefix"))
-        if not prefix.subnet_of(net) or prefix.prefixlen != length:  # type: ignore[arg-type]
-            raise InvalidPool(f"spec.staticAllocations[{i}].prefix: {prefix} must be a /{length} "
-                              f"inside {net}")
-        if str(prefix) in seen_prefixes:
-            raise InvalidPool(f"spec.staticAllocations[{i}].prefix: {prefix} is given twice")
-        seen_prefixes.add(str(prefix))
-        node = static.get("nodeName")
-        if node:
-            if node in seen_nodes:
-                raise InvalidPool(f"spec.staticAllocations[{i}].nodeName: {node} has two "
-                                  "prefixes")
-            seen_nodes.add(node)
-        gw = static.get("gateway")
-        if gw and _address(f"spec.staticAllocations[{i}].gateway", gw) not in prefix:
-            raise InvalidPool(f"spec.staticAllocations[{i}].gateway: {gw} is not in {prefix}")
-    return net, length
-
-
 def carve_cidrpool(spec: Obj, existing: list[Obj], nodes: list[str]) -> tuple[list[Obj],
                                                                               list[str]]:
     """(allocations sorted by node, nodes left without a prefix). A prefix whose host addresses
-    are all excluded is given to no node, static allocations aside."""
+    are all excluded is given to no node, static allocations aside. A node keeps its prefix when
+    the gateway the spec gives it changed (gatewayIndex, a static allocation's gateway); the
+    status then gets the new gateway."""
     net, length = validate_cidrpool(spec)
-    index = spec.get("gatewayIndex")
     stride = 2 ** (net.max_prefixlen - length)
     sample = ipaddress.ip_network(f"{net.network_address}/{length}")
     lo, hi = host_bounds(sample)
@@ -325,8 +217,8 @@ def carve_cidrpool(spec: Obj, existing: list[Obj], nodes: list[str]) -> tuple[li
     for alloc in existing:
         node = alloc.get("nodeName")
         try:
-            prefix = ipaddress.ip_network(alloc["prefix"], strict=False)
-        except (KeyError, ValueError):
+            prefix = ipaddress.ip_network(alloc["prefix"])  # host bits set: not a prefix
+        except (KeyError, ValueError, TypeError):
             continue
         key = str(prefix)
         i = blocks.index_of(int(prefix.network_address))
@@ -336,15 +228,15 @@ def carve_cidrpool(spec: Obj, existing: list[Obj], nodes: list[str]) -> tuple[li
                 or (key not in statics and (i in used or not blocks.usable(i)))):
             continue
         allocs[str(node)] = {"nodeName": node, "prefix": key,
-                             "gateway": alloc.get("gateway") or gateway_for(prefix, index)}
+                             "gateway": expected_gateway(spec, str(node), prefix)}
         used.add(i)
     left: list[str] = []
     cursor: int | None = 0
     for node in sorted(wanted - set(allocs)):
         if node in static_by_node:
             key = static_by_node[node]
-            gw = statics[key].get("gateway") or gateway_for(ipaddress.ip_network(key), index)
-            allocs[node] = {"nodeName": node, "prefix": key, "gateway": gw}
+            allocs[node] = {"nodeName": node, "prefix": key,
+                            "gateway": expected_gateway(spec, node, ipaddress.ip_network(key))}
             continue
         cursor = blocks.next_free(cursor, used) if cursor is not None else None
         if cursor is None:
@@ -353,7 +245,7 @@ def carve_cidrpool(spec: Obj, existing: list[Obj], nodes: list[str]) -> tuple[li
         used.add(cursor)
         free = ipaddress.ip_network((blocks.address(cursor), length))
         allocs[node] = {"nodeName": node, "prefix": str(free),
-                        "gateway": gateway_for(free, index)}
+                        "gateway": expected_gateway(spec, node, free)}
         cursor += 1
     out = []
     for node in sorted(allocs):
