@@ -230,3 +230,74 @@ def _tree(root: Path) -> set[str]:
         for name in dirnames + filenames:
             found.add(os.path.relpath(os.path.join(dirpath, name), root))
     return found
+
+
+def test_uio_drivers_give_a_vf_its_uio_device(cx6dx: SimulatedHost) -> None:
+    cx6dx.set_numvfs("enp59s0f0np0", 2)
+    first, second = cx6dx.vfs("enp59s0f0np0")
+    cx6dx.bind_driver(first, "igb_uio")
+    cx6dx.bind_driver(second, "uio_pci_generic")
+    assert cx6dx.listdir(f"{PCI}/{first}/uio") == ["uio0"]
+    assert cx6dx.listdir(f"{PCI}/{second}/uio") == ["uio1"]
+    assert cx6dx.exists("/dev/uio0") and cx6dx.exists("/sys/class/uio/uio1")
+    cx6dx.bind_driver(first, None)
+    assert not cx6dx.exists("/dev/uio0") and not cx6dx.exists(f"{PCI}/{first}/uio")
+
+
+def test_vdpa_devices_sit_under_their_vf_and_go_with_its_driver(cx6dx: SimulatedHost) -> None:
+    cx6dx.set_numvfs("enp59s0f0np0", 2)
+    first, second = cx6dx.vfs("enp59s0f0np0")
+    assert cx6dx.add_vdpa(first) == "vdpa0"
+    assert cx6dx.add_vdpa(second, "virtio_vdpa") == "vdpa1"
+    assert cx6dx.link_name(f"{PCI}/{first}/vdpa0/driver") == "vhost_vdpa"
+    assert cx6dx.listdir(f"{PCI}/{first}/vdpa0") == ["driver", "vhost-vdpa-0"]
+    assert cx6dx.exists("/dev/vhost-vdpa-0") and not cx6dx.exists("/dev/vhost-vdpa-1")
+    assert cx6dx.listdir("/sys/bus/vdpa/devices") == ["vdpa0", "vdpa1"]
+    cx6dx.bind_driver(first, "vfio-pci")
+    assert cx6dx.listdir("/sys/bus/vdpa/devices") == ["vdpa1"]
+    assert not cx6dx.exists("/dev/vhost-vdpa-0")
+
+
+def test_modules_take_their_character_devices(cx6dx: SimulatedHost) -> None:
+    cx6dx.unload_module("ib_umad")
+    assert cx6dx.listdir("/dev/infiniband") == ["rdma_cm", "uverbs0", "uverbs1"]
+    assert cx6dx.listdir(f"{PCI}/0000:3b:00.0/infiniband_mad") == []
+    cx6dx.unload_module("rdma_ucm")
+    assert cx6dx.listdir("/dev/infiniband") == ["uverbs0", "uverbs1"]
+    cx6dx.load_module("vhost_net")
+    cx6dx.load_module("tun")
+    assert cx6dx.exists("/dev/vhost-net") and cx6dx.exists("/dev/net/tun")
+    with pytest.raises(ValueError, match="not simulated"):
+        cx6dx.unload_module("mlx5_ib")
+
+
+def test_firmware_and_fabric_attributes(cx6dx: SimulatedHost, tmp_path: Path) -> None:
+    cx6dx.set_numvfs("enp59s0f0np0", 1)
+    (vf,) = cx6dx.vfs("enp59s0f0np0")
+    cx6dx.set_pkey(vf, "0x8001")
+    cx6dx.set_acpi_index("enp59s0f1np1", 3)
+    cx6dx.set_rdma_netns_mode("exclusive")
+    assert cx6dx.read(f"/sys/class/infiniband/{cx6dx.rdma_device(vf)}/ports/1/pkeys/0") \
+        == "0x8001"
+    assert cx6dx.read(f"{PCI}/0000:3b:00.1/acpi_index") == "3"
+    assert cx6dx.read("/sys/module/ib_core/parameters/netns_mode") == "N"
+
+
+def test_ddptool_answers_from_the_tree(cx6dx: SimulatedHost, tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    cx6dx.add_pci_device("0000:af:00.0", "8086", "1572", 0x020000, driver="i40e")
+    cx6dx.add_pci_device("0000:af:00.1", "8086", "1572", 0x020000, driver="i40e")
+    cx6dx.set_ddp_profile("0000:af:00.0", "GTPv1-C/U IPv4/IPv6 payload")
+    tool = cx6dx.install_ddptool(tmp_path / "bin")
+
+    def ddptool(address: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([tool, "-l", "-a", "-j", "-s", address], capture_output=True,
+                              text=True, check=False)
+
+    answer = json.loads(ddptool("0000:af:00.0").stdout)["DDPInventory"]
+    assert answer["DDPpackage"]["name"] == "GTPv1-C/U IPv4/IPv6 payload"
+    assert (answer["device"], answer["address"]) == ("1572", "0000:af:00.0")
+    assert ddptool("0000:af:00.1").returncode == 8  # an Intel NIC without a profile
+    assert ddptool("0000:3b:00.0").returncode != 0  # not an Intel NIC

@@ -193,6 +193,12 @@ CLASS_MAD = "/sys/class/infiniband_mad"
 IOMMU_GROUPS = "/sys/kernel/iommu_groups"
 DEV_IB = "/dev/infiniband"
 DEV_VFIO = "/dev/vfio"
+CLASS_UIO = "/sys/class/uio"
+UIO_DRIVERS = ("igb_uio", "uio_pci_generic")  # PCI drivers that give a device a /dev/uioN
+VDPA_DEVICES = "/sys/bus/vdpa/devices"
+VDPA_DRIVERS = "/sys/bus/vdpa/drivers"
+IB_CORE_NETNS_MODE = "/sys/module/ib_core/parameters/netns_mode"
+DDPTOOL_NO_PROFILE = 8  # ddptool's exit code for an Intel device that runs no DDP profile
 NUMA_CPUS = ("0-55,112-167", "56-111,168-223")  # a 2-socket Xeon 8480C, as on a DGX H100
 ARPHRD_ETHER, ARPHRD_INFINIBAND = 1, 32
 PF_DRIVER = "mlx5_core"
@@ -553,6 +559,14 @@ class SimulatedHost(Host):
             group = self.link_name(f"{dev}/iommu_group")
             self._file(f"{DEV_VFIO}/vfio", "")
             self._file(f"{DEV_VFIO}/{group}", "")
+        elif driver in UIO_DRIVERS:
+            self._set_driver_link(address, driver)
+            number = _lowest_free({int(n[3:]) for n in self.listdir(CLASS_UIO)})
+            uio = f"{dev}/uio/uio{number}"
+            self._file(f"{uio}/name", driver)
+            self._file(f"{uio}/dev", f"243:{number}")
+            self._link(f"{CLASS_UIO}/uio{number}", uio)
+            self._file(f"/dev/uio{number}", "")
         elif driver is not None:
             self._set_driver_link(address, driver)
 
@@ -585,6 +599,108 @@ class SimulatedHost(Host):
         self._add_netdev(aux, f"{base}s{sfnum}", "eth", mac, up=True)
         self._add_rdma_at(aux, f"{base}s{sfnum}", _guid(mac), up=True, link_type="eth")
         return name
+
+    def add_vdpa(self, address: str, driver: str = "vhost_vdpa") -> str:
+        """`vdpa dev add` on the function (a VF whose driver offers vDPA), the new device bound
+        to `driver` (vhost_vdpa, which gives it a /dev/vhost-vdpa-N, or virtio_vdpa); returns
+        the vdpa device's name."""
+        dev = self._pci(self.address(address))
+        number = _lowest_free({int(n[4:]) for n in self.listdir(VDPA_DEVICES)})
+        name = f"vdpa{number}"
+        where = f"{dev}/{name}"
+        self._link(f"{where}/driver", f"{VDPA_DRIVERS}/{driver}")
+        self._link(f"{VDPA_DEVICES}/{name}", where)
+        if driver == "vhost_vdpa":
+            self._file(f"{where}/vhost-vdpa-{number}/dev", f"511:{number}")
+            self._file(f"/dev/vhost-vdpa-{number}", "")
+        return name
+
+    def _remove_vdpa(self, dev: str, name: str) -> None:
+        for entry in self.listdir(f"{dev}/{name}"):
+            if entry.startswith("vhost-vdpa-"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path(f"/dev/{entry}"))
+        os.unlink(self.path(f"{VDPA_DEVICES}/{name}"))
+        shutil.rmtree(self.path(f"{dev}/{name}"))
+
+    def set_pkey(self, address: str, pkey: str) -> None:
+        """The partition key at index 0 of port 1 of the function's RDMA device, as the subnet
+        manager (or ib-kubernetes through it) sets it for a VF."""
+        rdma = self.rdma_device(self.address(address))
+        if rdma is None:
+            raise FileNotFoundError(errno.ENOENT, f"{address} has no RDMA device", address)
+        self._file(f"{CLASS_IB}/{rdma}/ports/1/pkeys/0", pkey)
+
+    def set_acpi_index(self, address: str, index: int) -> None:
+        """The function's ACPI index (`acpi_index`), as firmware gives onboard devices."""
+        self._file(f"{self._pci(self.address(address))}/acpi_index", str(index))
+
+    def set_rdma_netns_mode(self, mode: str) -> None:
+        """`rdma system set netns shared|exclusive`: ib_core's netns_mode parameter."""
+        if mode not in ("shared", "exclusive"):
+            raise ValueError(f"netns mode {mode!r} is neither shared nor exclusive")
+        self._file(IB_CORE_NETNS_MODE, "Y" if mode == "shared" else "N")
+
+    def load_module(self, module: str) -> None:
+        """`modprobe` of a module that makes a character device for pods: vhost_net
+        (/dev/vhost-net) or tun (/dev/net/tun)."""
+        nodes = {"vhost_net": "/dev/vhost-net", "tun": "/dev/net/tun"}
+        if module not in nodes:
+            raise ValueError(f"module {module!r} is not simulated")
+        self._file(nodes[module], "")
+
+    def unload_module(self, module: str) -> None:
+        """`modprobe -r`: ib_umad takes every umad and issm device with it, rdma_ucm the node's
+        /dev/infiniband/rdma_cm, ib_uverbs every uverbs device (the RDMA devices stay)."""
+        classes = {"ib_umad": CLASS_MAD, "ib_uverbs": CLASS_VERBS}
+        if module == "rdma_ucm":
+            for path in (f"{DEV_IB}/rdma_cm", "/sys/class/misc/rdma_cm/abi_version"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path(path))
+            return
+        if module not in classes:
+            raise ValueError(f"module {module!r} is not simulated")
+        cls = classes[module]
+        for entry in self.listdir(cls):
+            if entry == "abi_version":
+                continue
+            where = os.path.realpath(self.path(f"{cls}/{entry}"))
+            for path in (f"{cls}/{entry}", f"{DEV_IB}/{entry}"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path(path))
+            shutil.rmtree(where, ignore_errors=True)
+
+    def set_ddp_profile(self, address: str, profile: str | None) -> None:
+        """Load DDP profile `profile` on a PF (its VFs run it too); None leaves it without."""
+        dev = self._pci(self.address(address))
+        if profile is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path(f"{dev}/.sim/ddp"))
+        else:
+            self._file(f"{dev}/.sim/ddp", profile)
+
+    def install_ddptool(self, bin_dir: Path) -> Path:
+        """A `ddptool` in `bin_dir` answering `ddptool -l -a -j -s <PCI address>` for this node's
+        functions as Intel's tool does: the profile as JSON, exit code 8 for an Intel device
+        without one, an error for other vendors' devices."""
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        tool = bin_dir / "ddptool"
+        package = '"track_id": "80000008", "version": "1.0.3.0", "name": "%s"'
+        answer = ('{"DDPInventory": {"device": "%s", "address": "%s", "name": "", "display": "", '
+                  f'"DDPpackage": {{{package}}}}}}}\\n')
+        tool.write_text("\n".join((
+            "#!/bin/sh",
+            "for arg; do address=$arg; done",
+            f'dev="{self.path(PCI_DEVICES)}/$address"',
+            'if [ ! -e "$dev/vendor" ]; then echo "no device $address" >&2; exit 2; fi',
+            'if [ "$(cat "$dev/vendor")" != 0x8086 ]; then echo "not supported" >&2; exit 2; fi',
+            'profile=$(cat "$dev/.sim/ddp" 2>/dev/null || cat "$dev/physfn/.sim/ddp" 2>/dev/null)',
+            f'if [ -z "$profile" ]; then exit {DDPTOOL_NO_PROFILE}; fi',
+            f"printf '{answer}' \"$(cut -c3- \"$dev/device\")\" \"$address\" \"$profile\"",
+            "",
+        )))
+        tool.chmod(0o755)
+        return tool
 
     # -------------------------------------------------------------------- internals
     def _pci(self, address: str) -> str:
@@ -631,6 +747,14 @@ class SimulatedHost(Host):
         if driver == "vfio-pci":
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path(f"{DEV_VFIO}/{self.link_name(f'{dev}/iommu_group')}"))
+        for uio in self.listdir(f"{dev}/uio"):
+            for path in (f"{CLASS_UIO}/{uio}", f"/dev/{uio}"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path(path))
+        shutil.rmtree(self.path(f"{dev}/uio"), ignore_errors=True)
+        for entry in self.listdir(dev):  # vDPA devices go with the driver that made them
+            if entry.startswith("vdpa") and self.exists(f"{VDPA_DEVICES}/{entry}"):
+                self._remove_vdpa(dev, entry)
 
     def _bind_mlx5(self, address: str, name: str, mac: str, guid: str, up: bool = True) -> None:
         """What mlx5_core + mlx5_ib + ib_ipoib do when they probe a function."""

@@ -32,7 +32,7 @@ from nicop.node.deviceplugin.server import (
     ServerSet,
     run_agent,
 )
-from nicop.node.discovery import Inventory, PciFunction, scan
+from nicop.node.discovery import Inventory, PciFunction, RdmaDevice, scan
 from nicop.node.host import Host
 from nicop.node.report import Reporter
 from nicop.node.watched import WatchedFile
@@ -46,6 +46,9 @@ RESOURCE_NAME = re.compile(r"^[a-zA-Z0-9_]+$")
 # What upstream's --use-cdi writes: kind nvidia.com/net-rdma, one device per NIC by PCI address.
 CDI_VENDOR = "nvidia.com"
 CDI_CLASS = "net-rdma"
+# What each NIC must have to be shared, as upstream requires (with the node's rdma_cm); the module
+# that makes each, for the message.
+REQUIRED_CHAR_DEVICES = {"uverbs": "ib_uverbs", "umad": "ib_umad"}
 
 
 class Selectors(BaseModel):
@@ -179,22 +182,23 @@ class Pool:
         self._problems: dict[str, str] = {}
 
     def refresh(self, inv: Inventory) -> None:
-        """Rediscover the pool's NICs: those the selectors match that have (or had) RDMA.
-
-        A NIC that loses its RDMA device stays in the pool, unhealthy, until it comes back.
-        """
+        """Rediscover the pool's NICs: those the selectors match whose RDMA device has every
+        character device a pod needs (or had them: a NIC that loses one stays in the pool,
+        unhealthy, until it comes back). Upstream leaves a NIC out the same way, so a pool
+        whose NICs all lack one (often rdma_cm, before rdma_ucm is loaded) advertises nothing."""
         assert self.conf.selectors is not None
         members = []
         for fn in inv.network_functions():
             if not self.conf.selectors.matches(fn):
                 continue
-            if any(r.usable for r in fn.rdma) or fn.address in self.members:
+            missing = _missing(fn, inv)
+            if missing is None or fn.address in self.members:
                 members.append(fn.address)
                 if fn.address not in self.members:
                     self._set_up(fn)
             else:
-                log.info("%s: %s matches but has no RDMA device; skipped (is mlx5_ib loaded?)",
-                         self.resource_name, _describe(fn), extra={"resource": self.resource_name})
+                log.info("%s: %s matches but %s; skipped", self.resource_name, _describe(fn),
+                         missing, extra={"resource": self.resource_name})
         if members != self.members:
             log.info("%s: NICs %s", self.resource_name,
                      ", ".join(_describe(inv.functions[a]) for a in members) or "none",
@@ -232,43 +236,67 @@ class Pool:
         healthy = len(problems) < len(self.members)
         return [Device(str(i), healthy=healthy) for i in range(self.conf.rdma_hca_max)]
 
-    def cdi_devices(self) -> dict[str, list[str]]:
-        """Per NIC of the pool (by PCI address), its character devices and rdma_cm: the devices
-        of the pool's CDI spec."""
+    def char_devices(self) -> dict[str, list[str]]:
+        """Per NIC of the pool that can serve (by PCI address), the character devices of its
+        complete RDMA devices; none without the node's rdma_cm."""
         inv = self._inventory
-        result = {}
+        result: dict[str, list[str]] = {}
+        if inv is None or inv.rdma_cm is None:
+            return result
         for address in self.members:
-            fn = inv.functions.get(address) if inv else None
-            paths = [p for r in (fn.rdma if fn else ()) for p in r.char_devices]
-            if paths and inv is not None and inv.rdma_cm is not None:
-                result[address] = [*paths, inv.rdma_cm]
+            fn = inv.functions.get(address)
+            paths = [p for r in (fn.rdma if fn else ()) if _complete(r) for p in r.char_devices]
+            if paths:
+                result[address] = paths
         return result
+
+    def cdi_devices(self) -> dict[str, list[str]]:
+        """The devices of the pool's CDI spec: each NIC's character devices and rdma_cm."""
+        inv = self._inventory
+        rdma_cm = inv.rdma_cm if inv is not None else None
+        return {a: [*paths, rdma_cm] for a, paths in self.char_devices().items() if rdma_cm}
 
     @property
     def cdi_file(self) -> str:
         return f"{CDI_VENDOR}_{self.conf.resource_name}"
 
     def allocate(self, ids: Sequence[str]) -> pb.ContainerAllocateResponse:
-        """Every character device of every NIC of the pool, each once, then rdma_cm; with CDI,
-        a reference to every NIC of the pool's spec."""
+        """Every character device of every NIC of the pool that can serve, each once, then
+        rdma_cm; with CDI, a reference to each such NIC of the pool's spec."""
+        found = self.char_devices()
+        if not found:
+            raise AllocationError("no NIC of this pool has all its RDMA character devices "
+                                  "(uverbs, umad and the node's rdma_cm)")
         if self.use_cdi:
-            names = list(self.cdi_devices())
-            if not names:
-                raise AllocationError("no RDMA character devices present for this pool")
-            return cdi.response(CDI_VENDOR, CDI_CLASS, names)
-        inv = self._inventory
-        paths: list[str] = []
-        for address in self.members:
-            fn = inv.functions.get(address) if inv else None
-            for rdma in fn.rdma if fn else ():
-                paths += rdma.char_devices
-        if not paths or inv is None or inv.rdma_cm is None:
-            raise AllocationError("no RDMA character devices present for this pool")
-        paths.append(inv.rdma_cm)
+            return cdi.response(CDI_VENDOR, CDI_CLASS, list(found))
+        assert self._inventory is not None and self._inventory.rdma_cm is not None
+        paths = [p for nic in found.values() for p in nic] + [self._inventory.rdma_cm]
         return pb.ContainerAllocateResponse(devices=[
             pb.DeviceSpec(container_path=p, host_path=p, permissions="rwm")
             for p in dict.fromkeys(paths)
         ])
+
+
+def _complete(rdma: RdmaDevice) -> bool:
+    kinds = {p.rsplit("/", 1)[-1].rstrip("0123456789") for p in rdma.char_devices}
+    return all(k in kinds for k in REQUIRED_CHAR_DEVICES)
+
+
+def _missing(fn: PciFunction, inv: Inventory) -> str | None:
+    """What a NIC lacks to be shared (an RDMA device with uverbs and umad, and the node's
+    rdma_cm), with the module that provides it; None when it has everything."""
+    if not fn.rdma:
+        return "no RDMA device (is mlx5_ib loaded?)"
+    if not any(_complete(r) for r in fn.rdma):
+        kinds = {p.rsplit("/", 1)[-1].rstrip("0123456789") for r in fn.rdma
+                 for p in r.char_devices}
+        lacking = [k for k in REQUIRED_CHAR_DEVICES if k not in kinds]
+        return (f"{','.join(r.name for r in fn.rdma)} has no "
+                + " and no ".join(f"/dev/infiniband/{k}* (is {REQUIRED_CHAR_DEVICES[k]} loaded?)"
+                                  for k in lacking))
+    if inv.rdma_cm is None:
+        return "/dev/infiniband/rdma_cm is missing (is rdma_ucm loaded?)"
+    return None
 
 
 def _problem(inv: Inventory, address: str) -> str | None:
@@ -276,10 +304,9 @@ def _problem(inv: Inventory, address: str) -> str | None:
     fn = inv.functions.get(address)
     if fn is None:
         return "the PCI device is gone"
-    if not any(r.usable for r in fn.rdma):
-        return "no RDMA device or no /dev/infiniband/uverbs* (is mlx5_ib / ib_uverbs loaded?)"
-    if inv.rdma_cm is None:
-        return "/dev/infiniband/rdma_cm is missing (is rdma_ucm loaded?)"
+    missing = _missing(fn, inv)
+    if missing is not None:
+        return missing
     net = fn.netdev
     if net is not None and not net.up:
         return f"link {net.name} is {net.operstate}"
