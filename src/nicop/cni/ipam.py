@@ -12,12 +12,14 @@ handed out as an address (allocateDefaultGateway) comes without gateway and rout
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import logging
 import os
 import subprocess
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import Gauge
@@ -227,6 +229,20 @@ class Ipam:
         """Held while choosing and storing an address, so two ADDs never pick the same."""
 
     # ------------------------------------------------------------------ nv-ipam
+    @contextlib.contextmanager
+    def _changing(self) -> Iterator[None]:
+        """One change of the store under the lock; a store that cannot be written fails the
+        call with nothing changed (error 5), so the runtime's retry finds the same state."""
+        with self.lock:
+            try:
+                with self.store.transaction():
+                    yield
+            except OSError as e:
+                raise CniError(Code.IO_FAILURE, f"cannot write the allocation store "
+                               f"{self.store.path}: {e.strerror or e}",
+                               "nothing was changed; free space or fix the mount of "
+                               "/var/lib/cni/nv-ipam on the node, then retry") from None
+
     def _pool_configs(self, conf: NvIpamConf) -> list[PoolConfig]:
         return [self.pools.lookup(conf.pool_type, name) for name in conf.pools]
 
@@ -337,7 +353,7 @@ class Ipam:
         self._check_statics(pools, conf)
         namespace, name, uid = req.pod
         result = empty_result()
-        with self.lock, self.store.transaction():
+        with self._changing():
             for pool in pools:
                 res = self.store.get(pool.key, req.container_id, req.ifname)
                 if res is not None and (res.pod_namespace, res.pod_name, res.pod_uuid,
@@ -381,7 +397,7 @@ class Ipam:
     def release(self, req: Request) -> None:
         """DEL for nv-ipam: free this container's address in each pool; absent is fine."""
         keys = self._keys(req)
-        with self.lock, self.store.transaction():
+        with self._changing():
             for key in keys:
                 self.store.release(key, req.container_id, req.ifname)
         self.update_metrics()
@@ -413,7 +429,7 @@ class Ipam:
         conf = self.parse(req)
         keys = {pool_key(conf.pool_type, name) for name in conf.pools}
         freed = 0
-        with self.lock, self.store.transaction():
+        with self._changing():
             for pool, entries in self.store.snapshot().items():
                 if pool not in keys:
                     continue
