@@ -33,18 +33,44 @@ def pool2(**spec: Any) -> dict[str, Any]:
 
 
 def test_blocks_in_order_and_a_single_address_block_is_never_the_gateway() -> None:
-    """allocator_test.go "Allocate": pool1 gives .1-.15, .16-.30, ...; pool2 (perNodeBlockSize
-    1) skips its gateway 172.16.0.3."""
+    """Mellanox/nvidia-k8s-ipam pkg/ipam-controller/allocator/allocator_test.go, Describe
+    "Allocator", It "Allocate": pool1 gives .1-.15, .16-.30, ...; pool2
+    (perNodeBlockSize 1) skips its gateway 172.16.0.3; asked again, every node keeps its
+    block."""
     assert ranges(carve_ippool(pool1(), [], NODES)[0]) == {
         "node1": "192.168.0.1-192.168.0.15", "node2": "192.168.0.16-192.168.0.30",
         "node3": "192.168.0.31-192.168.0.45", "node4": "192.168.0.46-192.168.0.60"}
     assert ranges(carve_ippool(pool2(), [], NODES)[0]) == {
         "node1": "172.16.0.1-172.16.0.1", "node2": "172.16.0.2-172.16.0.2",
         "node3": "172.16.0.4-172.16.0.4", "node4": "172.16.0.5-172.16.0.5"}
+    for pool in (pool1(), pool2()):
+        first, _ = carve_ippool(pool, [], NODES)
+        assert carve_ippool(pool, first, NODES)[0] == first
+
+
+def test_a_block_of_a_node_no_longer_selected_is_given_again() -> None:
+    """Mellanox/nvidia-k8s-ipam pkg/ipam-controller/allocator/allocator_test.go, Describe
+    "Allocator", It "Allocate with Pool Status containing not selected Node": the first block,
+    held by a node the selector no longer picks, goes to node2; node1 keeps its own."""
+    stored = [{"nodeName": "not-in-selector", "startIP": "192.168.0.1", "endIP": "192.168.0.15"},
+              {"nodeName": "node1", "startIP": "192.168.0.16", "endIP": "192.168.0.30"}]
+    assert ranges(carve_ippool(pool1(), stored, ["node1", "node2"])[0]) == {
+        "node1": "192.168.0.16-192.168.0.30", "node2": "192.168.0.1-192.168.0.15"}
+
+
+def test_a_block_stored_for_two_nodes_stays_with_the_first() -> None:
+    """Mellanox/nvidia-k8s-ipam pkg/ipam-controller/allocator/allocator_test.go, Describe
+    "Allocator", It "Allocate with Pool Status containing duplicate StartIP"."""
+    stored = [{"nodeName": "node1", "startIP": "192.168.0.1", "endIP": "192.168.0.15"},
+              {"nodeName": "node2", "startIP": "192.168.0.1", "endIP": "192.168.0.15"}]
+    assert ranges(carve_ippool(pool1(), stored, ["node1", "node2"])[0]) == {
+        "node1": "192.168.0.1-192.168.0.15", "node2": "192.168.0.16-192.168.0.30"}
 
 
 def test_no_free_ranges() -> None:
-    """allocator_test.go "No free ranges" and "return NoFreeRanges in case if IP is too large"."""
+    """Mellanox/nvidia-k8s-ipam pkg/ipam-controller/allocator/allocator_test.go, Describe
+    "Allocator", Its "No free ranges" and "return NoFreeRanges in case if IP is too
+    large"."""
     allocations, left = carve_ippool(pool1(perNodeBlockSize=200), [], ["node1", "node2"])
     assert ranges(allocations) == {"node1": "192.168.0.1-192.168.0.200"} and left == ["node2"]
     top = {"subnet": "255.255.255.0/24", "perNodeBlockSize": 200, "gateway": "255.255.255.1"}
@@ -53,8 +79,9 @@ def test_no_free_ranges() -> None:
 
 
 def test_a_stored_block_on_the_gateway_is_dropped() -> None:
-    """allocator_test.go "Load single IP range": node2's stored 172.16.0.3 is pool2's gateway,
-    so node2 gets a new address; node1 and node3 keep theirs."""
+    """Mellanox/nvidia-k8s-ipam pkg/ipam-controller/allocator/allocator_test.go, Describe
+    "Allocator", It "Load single IP range": node2's stored 172.16.0.3 is pool2's
+    gateway, so node2 gets a new address; node1 and node3 keep theirs."""
     stored = [{"nodeName": "node1", "startIP": "172.16.0.1", "endIP": "172.16.0.1"},
               {"nodeName": "node2", "startIP": "172.16.0.3", "endIP": "172.16.0.3"},
               {"nodeName": "node3", "startIP": "172.16.0.4", "endIP": "172.16.0.4"}]
@@ -66,6 +93,8 @@ def test_a_stored_block_on_the_gateway_is_dropped() -> None:
 @pytest.mark.parametrize(("start", "end", "loaded"), [
     ("192.168.0.16", "192.168.0.30", True),  # valid data
     ("1.1.1.1", "1.1.1.2", False),  # different subnet
+    ("<nil>", "192.168.0.30", False),  # no startIP
+    ("192.168.0.16", "224.0.0.2", False),  # no endIP (net.IPv4allrouter)
     ("192.168.0.1", "192.168.0.1", False),  # start and end IPs are the same
     ("192.168.1.1", "192.168.1.15", False),  # IPs out of subnet
     ("192.168.0.1", "192.168.0.15", False),  # duplicate range
@@ -73,8 +102,10 @@ def test_a_stored_block_on_the_gateway_is_dropped() -> None:
     ("192.168.0.16", "192.168.0.25", False),  # bad IP count
 ])
 def test_which_stored_blocks_a_node_keeps(start: str, end: str, loaded: bool) -> None:
-    """allocator_test.go "ConfigureAndLoadAllocations - Data load test": node1 holds .1-.15,
-    node2's stored block is kept only when it is still a valid, free block of the pool."""
+    """Mellanox/nvidia-k8s-ipam pkg/ipam-controller/allocator/allocator_test.go, Describe
+    "Allocator", It "ConfigureAndLoadAllocations - Data load test", each of its
+    cases: node1 holds .1-.15, node2's stored block is kept only when it is still a valid, free
+    block of the pool (a missing startIP is Go's "<nil>", a wrong endIP 224.0.0.2)."""
     stored = [{"nodeName": "node1", "startIP": "192.168.0.1", "endIP": "192.168.0.15"},
               {"nodeName": "node2", "startIP": start, "endIP": end}]
     got = ranges(carve_ippool(pool1(), stored, ["node1", "node2"])[0])["node2"]
@@ -142,21 +173,25 @@ def idx(*pairs: tuple[int, int]) -> list[dict[str, int]]:
 ])
 def test_blocks_entirely_excluded_are_skipped(case: str, spec: dict[str, Any],
                                                first: str | None) -> None:
-    """allocator_test.go, Context "Allocate with exclusions": every It, by its name."""
+    """Mellanox/nvidia-k8s-ipam pkg/ipam-controller/allocator/allocator_test.go, Describe
+    "Allocator", Context "Allocate with exclusions", the It named `case`."""
     allocations, left = carve_ippool(spec, [], ["node1"])
     assert (ranges(allocations).get("node1"), left) == (first, [] if first else ["node1"]), case
 
 
 def test_the_block_after_an_excluded_one_goes_to_the_next_node() -> None:
-    """allocator_test.go "multiple allocations with exclusions - skips the excluded range and
-    allocates after it"."""
+    """Mellanox/nvidia-k8s-ipam pkg/ipam-controller/allocator/allocator_test.go, Describe
+    "Allocator", Context "Allocate with exclusions", It "multiple allocations with
+    exclusions - skips the excluded range and allocates after it"."""
     spec = {**EXCL, "exclusions": ex(("192.168.0.11", "192.168.0.20"))}
     assert ranges(carve_ippool(spec, [], ["node1", "node2"])[0]) == {
         "node1": "192.168.0.1-192.168.0.10", "node2": "192.168.0.21-192.168.0.30"}
 
 
 def test_a_stored_block_that_is_entirely_excluded_is_dropped() -> None:
-    """allocator_test.go "load allocation with entirely excluded range is ignored"."""
+    """Mellanox/nvidia-k8s-ipam pkg/ipam-controller/allocator/allocator_test.go, Describe
+    "Allocator", Context "load with exclusions", It "load allocation with entirely
+    excluded range is ignored"."""
     spec = {**EXCL, "exclusions": ex(("192.168.0.1", "192.168.0.10"))}
     stored = [{"nodeName": "node1", "startIP": "192.168.0.1", "endIP": "192.168.0.10"}]
     assert ranges(carve_ippool(spec, stored, ["node1"])[0]) == {
@@ -164,7 +199,9 @@ def test_a_stored_block_that_is_entirely_excluded_is_dropped() -> None:
 
 
 def test_5000_nodes_start_after_the_exclusion() -> None:
-    """allocator_test.go "allocate for 5000 nodes": 10.0.0.0/8, blocks of 10, 10.0.0.1 to
+    """Mellanox/nvidia-k8s-ipam pkg/ipam-controller/allocator/allocator_test.go, Describe
+    "Allocator", Context "allocate for 5000 nodes", It "allocates expected ranges":
+    10.0.0.0/8, blocks of 10, 10.0.0.1 to
     10.5.255.255 excluded; node i gets 10.5.255.251 + 10*i (the first block that is not entirely
     excluded), and the long exclusion is jumped over, not walked block by block."""
     spec = {"subnet": "10.0.0.0/8", "perNodeBlockSize": 10, "gateway": "10.0.0.1",
@@ -197,14 +234,46 @@ def test_5000_nodes_start_after_the_exclusion() -> None:
 def test_point_to_point_and_single_address_pools(case: str, spec: dict[str, Any],
                                                  nodes: list[str], expected: dict[str, str],
                                                  left: list[str]) -> None:
-    """allocator_test.go, Context "small pools": /31 and /32 pools use their network address,
-    perNodeBlockSize 1 is valid, and a single-address block is never the gateway."""
+    """Mellanox/nvidia-k8s-ipam pkg/ipam-controller/allocator/allocator_test.go, Describe
+    "Allocator", Context "small pools", the It named `case`: /31 and /32 pools use
+    their network address, perNodeBlockSize 1 is valid, and a single-address block is never the
+    gateway."""
     allocations, got_left = carve_ippool(spec, [], nodes)
     assert (ranges(allocations), got_left) == (expected, left), case
 
 
+def ippool_256(**spec: Any) -> dict[str, Any]:
+    """getTestIPPool() of pkg/ipam-controller/controllers/ippool/ippool_test.go."""
+    return {"subnet": "10.10.0.0/16", "perNodeBlockSize": 256, "gateway": "10.10.0.1", **spec}
+
+
+@pytest.mark.parametrize(("case", "spec", "expected"), [
+    ("should reconcile IPPool", ippool_256(),
+     {"node-1": "10.10.0.1-10.10.1.0", "node-2": "10.10.1.1-10.10.2.0"}),
+    ("should reconcile IPPool with exclusions - exclude range",
+     ippool_256(exclusions=ex(("10.10.0.0", "10.10.0.255"), ("10.10.1.0", "10.10.1.100"))),
+     {"node-1": "10.10.1.1-10.10.2.0", "node-2": "10.10.2.1-10.10.3.0"}),
+    ("should reconcile IPPool with exclusions - exclude index",
+     ippool_256(perNodeExclusions=idx((0, 127))),
+     {"node-1": "10.10.0.1-10.10.1.0", "node-2": "10.10.1.1-10.10.2.0"}),
+    ("should reconcile IPPool with exclusions - exclude range and index",
+     ippool_256(exclusions=ex(("10.10.0.0", "10.10.1.0"), ("10.10.1.1", "10.10.1.128")),
+                perNodeExclusions=idx((128, 255))),
+     {"node-1": "10.10.2.1-10.10.3.0", "node-2": "10.10.3.1-10.10.4.0"}),
+])
+def test_ippool_blocks_entirely_excluded_are_skipped(case: str, spec: dict[str, Any],
+                                                     expected: dict[str, str]) -> None:
+    """Mellanox/nvidia-k8s-ipam pkg/ipam-controller/controllers/ippool/ippool_test.go, Describe
+    "IPPool controller", the It named `case`: blocks of 256 from 10.10.0.1; one whose
+    addresses are all excluded, by exclusions and perNodeExclusions together, goes to no
+    node."""
+    allocations, left = carve_ippool(spec, [], ["node-1", "node-2"])
+    assert (ranges(allocations), left) == (expected, []), case
+
+
 def test_point_to_point_pool_keeps_stored_blocks() -> None:
-    """allocator_test.go "/31 pool - load allocations"."""
+    """Mellanox/nvidia-k8s-ipam pkg/ipam-controller/allocator/allocator_test.go, Describe
+    "Allocator", Context "small pools", It "/31 pool - load allocations"."""
     spec = {"subnet": "10.10.10.10/31", "perNodeBlockSize": 1}
     stored = [{"nodeName": "node1", "startIP": "10.10.10.10", "endIP": "10.10.10.10"},
               {"nodeName": "node2", "startIP": "10.10.10.11", "endIP": "10.10.10.11"}]
@@ -213,7 +282,8 @@ def test_point_to_point_pool_keeps_stored_blocks() -> None:
 
 
 def test_a_block_larger_than_a_point_to_point_pool_is_refused() -> None:
-    """GetPossibleIPCount (api/v1alpha1/helpers.go): a /31 holds 2 addresses, a /32 one."""
+    """Mellanox/nvidia-k8s-ipam api/v1alpha1/helpers.go GetPossibleIPCount, as ippool_validate.go
+    uses it: a /31 holds 2 addresses, a /32 one."""
     with pytest.raises(InvalidPool, match=r"perNodeBlockSize: 3 is more than the 10\.10\.10\."):
         carve_ippool({"subnet": "10.10.10.10/31", "perNodeBlockSize": 3}, [], ["node1"])
 
@@ -243,7 +313,8 @@ def prefixes(allocations: list[dict[str, str]]) -> dict[str, str]:
 ])
 def test_cidrpool_prefixes_entirely_excluded_are_skipped(case: str, spec: dict[str, Any],
                                                          expected: dict[str, str]) -> None:
-    """cidrpool_test.go (ipam-controller), the It of each name."""
+    """Mellanox/nvidia-k8s-ipam pkg/ipam-controller/controllers/cidrpool/cidrpool_test.go,
+    Describe "CIDRPool controller", the It named `case`."""
     allocations, left = carve_cidrpool(spec, [], ["node-1", "node-2"])
     assert (prefixes(allocations), left) == (expected, []), case
 
@@ -263,15 +334,22 @@ def test_cidrpool_prefixes_entirely_excluded_are_skipped(case: str, spec: dict[s
 ])
 def test_cidrpool_ipv6_exhaustion(case: str, spec: dict[str, Any],
                                   expected: dict[str, str]) -> None:
-    """cidrpool_test.go (ipam-controller), Context "IPv6 allocation exhaustion"."""
+    """nicop's own cases, at IPv6 scale, of the rule of Mellanox/nvidia-k8s-ipam
+    pkg/ipam-controller/allocator/allocator_test.go, Describe "Allocator", Context "Allocate
+    with exclusions" (a prefix entirely excluded is given to no node): an exclusion of 2^64
+    addresses is jumped over, not walked prefix by prefix, and a prefix excluded only in part is
+    given out."""
     allocations, left = carve_cidrpool(spec, [], ["node-1", "node-2"])
     assert prefixes(allocations) == expected, case
     assert left == [n for n in ("node-1", "node-2") if n not in expected]
 
 
 def test_a_stored_prefix_that_is_entirely_excluded_is_dropped() -> None:
-    """The rule of allocator_test.go "load allocation with entirely excluded range is ignored",
-    on cidrpool_test.go's "exclude range" pool: node-1's stored 10.10.0.0/24 is excluded."""
+    """The rule of Mellanox/nvidia-k8s-ipam pkg/ipam-controller/allocator/allocator_test.go,
+    Context "load with exclusions", It "load allocation with entirely excluded range is
+    ignored", on the pool of pkg/ipam-controller/controllers/cidrpool/cidrpool_test.go, It
+    "should reconcile CIDRPool with exclusions - exclude range": node-1's stored 10.10.0.0/24
+    is excluded."""
     spec = cidrpool(exclusions=ex(("10.10.0.0", "10.10.0.255")))
     stored = [{"nodeName": "node-1", "prefix": "10.10.0.0/24", "gateway": "10.10.0.1"}]
     assert prefixes(carve_cidrpool(spec, stored, ["node-1"])[0]) == {"node-1": "10.10.1.0/24"}
