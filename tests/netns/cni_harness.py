@@ -224,6 +224,81 @@ class Node:
         path = self.root / "pf" / f"{self.pf}.calls"
         return path.read_text().splitlines() if path.exists() else []
 
+    def set_vf_state(self, vf: int, **state: Any) -> None:
+        """What the simulated PF reports for VF `vf` before any plugin touches it (its
+        `ip link show <pf>` line): VfState fields such as mac, vlan, spoofchk."""
+        path = self.root / "pf" / f"{self.pf}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        states = json.loads(path.read_text()) if path.exists() else {}
+        states[str(vf)] = {**states.get(str(vf), {}), **state}
+        path.write_text(json.dumps(states))
+
+    def vf_state(self, vf: int) -> dict[str, Any]:
+        path = self.root / "pf" / f"{self.pf}.json"
+        return dict(json.loads(path.read_text()).get(str(vf), {})) if path.exists() else {}
+
+    def cache(self, plugin_dir: str, container_id: str = "c1", ifname: str = "net1") -> Any:
+        """The netconf a plugin cached for DEL (/var/lib/cni/<plugin_dir>/<cid>-<ifname>)."""
+        path = self.host.path(f"/var/lib/cni/{plugin_dir}/{container_id}-{ifname}")
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def ipam_stand_in(self, name: str, result: dict[str, Any] | None = None) -> IpamStandIn:
+        """An IPAM plugin in CNI_PATH that logs its calls and answers ADD with `result`."""
+        return IpamStandIn(self.bin_dir, name, result or {})
+
+
+IPAM_SCRIPT = """#!/bin/sh
+d="$(dirname "$0")"
+echo "$CNI_COMMAND $CNI_CONTAINERID $CNI_IFNAME" >> "$d/{name}.calls"
+cat > /dev/null
+if [ -p "$d/{name}.$CNI_COMMAND.gate" ]; then
+  touch "$d/{name}.$CNI_COMMAND.waiting"
+  cat "$d/{name}.$CNI_COMMAND.gate" > /dev/null
+fi
+if [ "$CNI_COMMAND" = ADD ]; then cat "$d/{name}.result"; fi
+"""
+
+
+class IpamStandIn:
+    """A shell IPAM plugin: appends `COMMAND container ifname` to `<name>.calls`, prints a
+    fixed ADD result, and can be held inside a command until the test lets it go."""
+
+    def __init__(self, bin_dir: Path, name: str, result: dict[str, Any]) -> None:
+        self.bin_dir, self.name = bin_dir, name
+        script = bin_dir / name
+        script.write_text(IPAM_SCRIPT.format(name=name))
+        script.chmod(0o755)
+        (bin_dir / f"{name}.result").write_text(json.dumps(result))
+
+    def calls(self) -> list[str]:
+        path = self.bin_dir / f"{self.name}.calls"
+        return path.read_text().splitlines() if path.exists() else []
+
+    def hold(self, command: str) -> None:
+        """The next `command` call waits (a FIFO it reads) until release()."""
+        os.mkfifo(self.bin_dir / f"{self.name}.{command}.gate")
+
+    def wait_held(self, command: str, timeout: float = 30) -> None:
+        marker = self.bin_dir / f"{self.name}.{command}.waiting"
+        deadline = time.monotonic() + timeout
+        while not marker.exists():
+            assert time.monotonic() < deadline, f"{self.name} {command} was never called"
+            time.sleep(0.01)
+
+    def release(self, command: str) -> None:
+        gate = self.bin_dir / f"{self.name}.{command}.gate"
+        fd = os.open(gate, os.O_WRONLY)  # the held call has it open for reading
+        os.close(fd)
+        gate.unlink()
+
+
+def wait_until(condition: Any, what: str, timeout: float = 30) -> None:
+    """Poll `condition()` until it is true (for state another thread or process changes)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
 
 def build_node(namespaces: Namespaces, vfs: int = 8, name: str | None = None) -> Node:
     """A node with one single-port ConnectX whose `vfs` VFs are veths in the node namespace."""

@@ -40,7 +40,7 @@ def test_add_moves_the_vf_into_the_pod_with_name_mac_ip_and_routes(
     iface = call.out["interfaces"][0]
     assert iface["name"] == "net1" and iface["sandbox"] == pod
     assert iface["mac"] == "02:aa:bb:cc:dd:01"
-    assert (iface.get("mtu"), iface.get("pciID")) == (1500, vf.pci)
+    assert iface.get("mtu") == 1500 and "pciID" not in iface, "as sriov-cni prints it"
     assert call.out["ips"] == [{"interface": 0, "address": "10.10.1.1/16",
                                 "gateway": "10.10.0.1"}]
     assert call.out["routes"] == [{"dst": "10.200.0.0/16", "gw": "10.10.0.1"}]

@@ -19,6 +19,7 @@ from typing import Any
 from nicop.cni.devices import PciNetDevice, pci_device
 from nicop.cni.ipam import ipam_section
 from nicop.cni.netlink import (
+    Link,
     Netns,
     check_link,
     configure_ips,
@@ -29,7 +30,15 @@ from nicop.cni.netlink import (
     temp_name,
 )
 from nicop.cni.plugin import NodeContext, valid_attachments
-from nicop.cni.spec import CniError, Code, Obj, Request, config_error, parse_result
+from nicop.cni.spec import (
+    CniError,
+    Code,
+    Obj,
+    Request,
+    config_error,
+    empty_result,
+    parse_result,
+)
 from nicop.cni.state import read_json, remove, write_json
 from nicop.cni.vf import VfState
 
@@ -47,12 +56,26 @@ def orig_state(state: VfState | None, host_name: str, mac: str, mtu: int) -> Obj
     }
 
 
+def cached_config(config: Obj, replaced: set[str]) -> Obj:
+    """The netconf as the cache keeps it: without prevResult and runtimeConfig (what the
+    runtime passes per call), without an empty `dns` (as the Go library writes a NetConf), and
+    without the keys the plugin caches in normalized form (`replaced`, matched like Go's
+    encoding/json, ignoring case)."""
+    lower = {k.lower() for k in replaced}
+    return {k: v for k, v in config.items()
+            if k not in ("prevResult", "runtimeConfig") and k.lower() not in lower
+            and not (k == "dns" and not (isinstance(v, dict) and any(v.values())))}
+
+
 class DevicePlugin:
     """A plugin that moves one node device into the pod (subclasses say which, and how)."""
 
     cache_dir = "/var/lib/cni/sriov"
     aliased = False
     """Whether the upstream plugin, too, marks the moved link with its node name as alias."""
+    restores_mac = True
+    """Whether DEL gives the netdev back the MAC it had before the pod (sriov-cni's ReleaseVF
+    does; an IPoIB address is the driver's to choose)."""
 
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx
@@ -88,6 +111,35 @@ class DevicePlugin:
     def pod_mac(self, conf: Any) -> str | None:
         return None
 
+    def cache_fields(self, conf: Any, dev: PciNetDevice, orig: VfState | None) -> Obj:
+        """The plugin's own cached fields, with its defaults filled in (upstream's NetConf)."""
+        return {}
+
+    def runs_ipam(self, conf: Any, dev: PciNetDevice) -> bool:
+        return True
+
+    def releases_ipam(self, cache: Obj) -> bool:
+        return True
+
+    def result_interface(self, req: Request, conf: Any, dev: PciNetDevice, moved: Link | None,
+                         cache: Obj) -> Obj:
+        """interfaces[0] of the ADD result, with the fields the upstream plugin prints."""
+        iface: Obj = {"name": req.ifname, "sandbox": req.netns}
+        if moved is not None:
+            iface["mac"] = moved.mac
+        return iface
+
+    def result_dns(self, req: Request, ipam_result: Obj) -> Obj:
+        """The result's dns: what IPAM returned (sriov-cni and ib-sriov-cni pass it on)."""
+        return dict(ipam_result.get("dns") or {})
+
+    def configured(self, pod: Netns, req: Request, result: Obj) -> None:
+        """After the interface is up with its addresses (sriov announces them)."""
+
+    def device_mtu(self, dev: PciNetDevice) -> int | None:
+        """The MTU to record for a device without netdev: its PF's (sriov-cni's DPDK mode)."""
+        return self.ctx.host.read_int(f"/sys/class/net/{dev.pf}/mtu") if dev.pf else None
+
     # ------------------------------------------------------------------ paths
     def cache_path(self, container_id: str, ifname: str) -> str:
         return f"{self.cache_dir}/{container_id}-{ifname}"
@@ -98,8 +150,9 @@ class DevicePlugin:
     # ------------------------------------------------------------------ ADD
     def add(self, req: Request) -> Obj:
         conf = self.parse(req)
-        self.ctx.ipam.validate(req)
         dev = self.resolve(conf)
+        if self.runs_ipam(conf, dev):
+            self.ctx.ipam.validate(req)
         with self.ctx.locks.hold(dev.pci or dev.netdev or ""):
             stale = read_json(self.ctx.host, self.cache_path(req.container_id, req.ifname))
             if stale is not None:
@@ -135,12 +188,14 @@ class DevicePlugin:
                                "it is attached to another pod, or was renamed")
         mac = self.pod_mac(conf)
         temp = temp_name()
+        fields = self.cache_fields(conf, dev, orig)
         cache: Obj = {
-            **{k: v for k, v in req.config.items() if k not in ("prevResult", "runtimeConfig")},
+            **cached_config(req.config, set(fields)),
             "deviceID": dev.pci, "Master": dev.pf, "VFID": dev.vf_index,
-            "ContIFNames": req.ifname, "MAC": mac, "MTU": link.mtu if link else None,
+            "ContIFNames": req.ifname, "MTU": link.mtu if link else self.device_mtu(dev),
             "OrigVfState": orig_state(orig, dev.netdev or "", link.mac if link else "",
                                        link.mtu if link else 0),
+            **fields,
             "nicop": {"containerID": req.container_id, "netns": req.netns, "temp": temp,
                       "up": bool(link and link.up),
                       "alias": link.alias if link else "", "args": req.env.get("CNI_ARGS", ""),
@@ -155,27 +210,25 @@ class DevicePlugin:
             if dev.netdev is not None:
                 moved = move_in(self.ctx.host_ns, pod, dev.netdev, req.ifname, temp=temp,
                                 mac=mac)
-            result = self.ctx.ipam.add(req)
-            if ipam_section(req.config) is not None and not result["ips"]:
-                raise CniError(Code.INTERNAL, "IPAM plugin returned missing IP config")
+            result = empty_result()
+            if self.runs_ipam(conf, dev):
+                result = self.ctx.ipam.add(req)
+                if ipam_section(req.config) is not None and not result["ips"]:
+                    raise CniError(Code.INTERNAL, "IPAM plugin returned missing IP config")
             for ip in result["ips"]:
                 ip["interface"] = 0
-            if moved is not None and result["ips"]:
-                configure_ips(pod, req.ifname, result)
+            if moved is not None:
+                if result["ips"]:
+                    configure_ips(pod, req.ifname, result)
+                self.configured(pod, req, result)
         except BaseException:
             try:
                 self._release(cache, req.netns, req, same=True)
             except Exception:
                 log.exception("undoing the failed ADD of %s/%s", req.container_id, req.ifname)
             raise
-        if not result["dns"] and isinstance(req.config.get("dns"), dict):
-            result["dns"] = req.config["dns"]
-        iface: Obj = {"name": req.ifname, "sandbox": req.netns}
-        if dev.pci:
-            iface["pciID"] = dev.pci
-        if moved is not None:
-            iface.update(mac=moved.mac, mtu=moved.mtu)
-        result["interfaces"] = [iface]
+        result["dns"] = self.result_dns(req, result)
+        result["interfaces"] = [self.result_interface(req, conf, dev, moved, cache)]
         return result
 
     # ------------------------------------------------------------------ DEL
@@ -228,20 +281,21 @@ class DevicePlugin:
         netns = netns or str(nic.get("netns") or "")
         ifname = str(cache.get("ContIFNames") or (req.ifname if req and same else ""))
         container_id = str(nic.get("containerID") or (req.container_id if req and same else ""))
-        if ipam_section(cache) is not None:
+        if ipam_section(cache) is not None and self.releases_ipam(cache):
             self.ctx.ipam.delete(req if req is not None and same
                                  else self._ipam_request(cache, netns, req))
         self.reset_vf(cache)
         orig = cache.get("OrigVfState") or {}
-        host_name = orig.get("HostIFName") or ""
+        # ib-sriov-cni caches the VF's node name as HostIFNames, sriov-cni in OrigVfState.
+        host_name = str(orig.get("HostIFName") or cache.get("HostIFNames") or "")
         if host_name and not nic.get("userspace"):
             pod = None
             if netns and os.path.exists(netns):
                 with contextlib.suppress(CniError):
                     pod = open_netns(netns)
             try:
-                restore_mac = orig.get("EffectiveMAC") if cache.get("MAC") else None
-                restore_mtu = orig.get("MTU") if cache.get("MTU") else None
+                restore_mac = (orig.get("EffectiveMAC") or None) if self.restores_mac else None
+                restore_mtu = orig.get("MTU") or None
                 for name in (ifname, nic.get("temp")):
                     if not name:
                         continue
@@ -269,20 +323,31 @@ class DevicePlugin:
         if not prev:
             self.check_without_result(req)
             return
-        cache = read_json(self.ctx.host, self.cache_path(req.container_id, req.ifname))
+        with open_netns(req.netns) as pod:
+            cache = read_json(self.ctx.host, self.cache_path(req.container_id, req.ifname))
+            userspace = self.checked_userspace(req, cache)
+            result = parse_result(prev)
+            iface = next((i for i in result["interfaces"]
+                          if i.get("name") == req.ifname and i.get("sandbox") == req.netns), None)
+            if iface is None:
+                named: Obj = next((i for i in result["interfaces"]
+                                   if i.get("name") == req.ifname), {})
+                raise CniError(Code.INTERNAL, f"Sandbox in prevResult {named.get('sandbox', '')} "
+                               f"doesn't match configured netns: {req.netns}",
+                               f"prevResult names no interface {req.ifname} in {req.netns}")
+            if not userspace:
+                check_link(pod, req.ifname, iface.get("mac"), result["ips"], result["routes"])
+        self.ctx.ipam.check(req)
+
+    def checked_userspace(self, req: Request, cache: Obj | None) -> bool:
+        """Whether the attachment CHECK looks at has no netdev; sriov and ib-sriov need their
+        cache for it (nicop's CHECK compares; upstream's does nothing)."""
         if cache is None:
             raise CniError(Code.INTERNAL, f"no attachment of container {req.container_id} "
-                           f"interface {req.ifname} on this node")
-        result = parse_result(prev)
-        iface = next((i for i in result["interfaces"]
-                      if i.get("name") == req.ifname and i.get("sandbox") == req.netns), None)
-        if iface is None:
-            raise CniError(Code.INTERNAL, f"prevResult names no interface {req.ifname} in "
-                           f"{req.netns}")
-        if not (cache.get("nicop") or {}).get("userspace"):
-            with open_netns(req.netns) as pod:
-                check_link(pod, req.ifname, iface.get("mac"), result["ips"])
-        self.ctx.ipam.check(req)
+                           f"interface {req.ifname} on this node",
+                           f"nothing in {self.cache_dir}: the ADD did not succeed here, or the "
+                           "attachment was deleted")
+        return bool((cache.get("nicop") or {}).get("userspace"))
 
     def status(self, req: Request) -> None:
         """Ready, as the upstream plugins (which implement no STATUS) always are: a pool this

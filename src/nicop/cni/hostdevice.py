@@ -3,10 +3,10 @@
 Config as containernetworking/plugins' host-device: `device`, `hwaddr`, `kernelpath`,
 `pciBusID`, with `runtimeConfig.deviceID` (and Multus' top-level `deviceID`) naming a PCI
 address or an auxiliary device such as a scalable function (`mlx5_core.sf.4`, found under
-/sys/bus/auxiliary/devices). A device on a DPDK driver is left alone (empty result), as upstream
-does. An `mtu` is not applied (upstream ignores it too). The
-node name is also set as the link alias, as upstream does, so a pod attached by the upstream
-plugin can be detached by this one.
+/sys/bus/auxiliary/devices). A device on a DPDK driver is left where it is (the result names the
+pod's interface without a MAC, IPAM still runs), as upstream does. An `mtu` is not applied
+(upstream ignores it too). The node name is also set as the link alias, as upstream does, so a
+pod attached by the upstream plugin can be detached by this one, and CHECK needs no cache.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from nicop.cni.devices import (
     normalize_pci,
     pci_device,
 )
-from nicop.cni.netlink import find_link, get_link, move_out, open_netns
+from nicop.cni.ipam import ipam_section
+from nicop.cni.netlink import Link, find_link, get_link, move_out, open_netns
 from nicop.cni.plugin import conf_get, parse_mac
-from nicop.cni.spec import CniError, Code, Request, config_error
+from nicop.cni.spec import CniError, Code, Obj, Request, config_error
 from nicop.cni.state import read_json
 
 
@@ -109,6 +110,31 @@ class HostDevicePlugin(DevicePlugin):
             raise config_error("pciBusID", f"failed to find device name for pci address "
                                f"{conf.pci}")
         return dev
+
+    def result_interface(self, req: Request, conf: HostDeviceConf, dev: PciNetDevice,
+                         moved: Link | None, cache: Obj) -> Obj:
+        """host-device prints name, MAC and sandbox (name and sandbox for a DPDK device)."""
+        iface: Obj = {"name": moved.name if moved else req.ifname}
+        if moved is not None:
+            iface["mac"] = moved.mac
+        iface["sandbox"] = req.netns
+        return iface
+
+    def result_dns(self, req: Request, ipam_result: Obj) -> Obj:
+        """host-device sets the result's dns to the netconf's when IPAM ran (whatever IPAM
+        said), and prints none without IPAM."""
+        dns = req.config.get("dns")
+        if ipam_section(req.config) is None or not isinstance(dns, dict):
+            return {}
+        return dict(dns)
+
+    def checked_userspace(self, req: Request, cache: Obj | None) -> bool:
+        """host-device's CHECK works from the netconf alone: an attachment made by the
+        upstream plugin has no cache."""
+        if cache is not None:
+            return bool((cache.get("nicop") or {}).get("userspace"))
+        conf = self.parse(req)
+        return conf.pci is not None and pci_device(self.ctx.host, "pciBusID", conf.pci).userspace
 
     def check_without_result(self, req: Request) -> None:
         raise CniError(Code.INTERNAL, "Required prevResult missing",

@@ -123,7 +123,11 @@ class Request:
 
 
 def parse_args(text: str) -> dict[str, str]:
-    """CNI_ARGS `K=V;K2=V2`; unknown keys are refused unless IgnoreUnknown is true or 1."""
+    """CNI_ARGS `K=V;K2=V2`; unknown keys are refused unless IgnoreUnknown is true or 1.
+
+    As the Go library's LoadArgs, with one leniency: an empty pair (`A=1;;B=2`, a trailing
+    `;`) is skipped rather than refused.
+    """
     args: dict[str, str] = {}
     if not text:
         return args
@@ -135,8 +139,13 @@ def parse_args(text: str) -> dict[str, str]:
             raise CniError(Code.INVALID_ENV, f"CNI_ARGS: invalid pair {pair!r}",
                            "each pair must be KEY=VALUE, pairs separated by ';'")
         args[kv[0]] = kv[1]
+    ignore = args.get("IgnoreUnknown", "false")
+    if ignore.lower() not in ("true", "1", "false", "0"):
+        raise CniError(Code.INVALID_ENV, f"CNI_ARGS: error parsing value of pair "
+                       f"'IgnoreUnknown={ignore}': boolean unmarshal error: invalid input "
+                       f"{ignore.lower()}", "IgnoreUnknown takes true, false, 1 or 0")
     unknown = sorted(set(args) - KNOWN_ARGS)
-    if unknown and args.get("IgnoreUnknown", "").lower() not in ("true", "1"):
+    if unknown and ignore.lower() not in ("true", "1"):
         raise CniError(Code.INVALID_ENV, f"CNI_ARGS: unknown args {unknown}",
                        "add IgnoreUnknown=true to pass arguments this plugin does not use")
     return args
@@ -225,28 +234,50 @@ def version_reply(config: Obj) -> Obj:
 # ------------------------------------------------------------------ results
 
 INTERFACE_KEYS = ("name", "mac", "mtu", "sandbox", "socketPath", "pciID")
-ROUTE_KEYS = ("dst", "gw", "mtu", "advmss", "priority", "table", "scope")
 INTERFACE_11 = ("mtu", "socketPath", "pciID")
-ROUTE_11 = ("mtu", "advmss", "priority", "table", "scope")
 
 
-def _ordered(item: Obj, keys: tuple[str, ...], drop: tuple[str, ...]) -> Obj:
-    return {k: item[k] for k in keys if item.get(k) not in (None, "") and k not in drop}
+def _interface(item: Obj, legacy: bool) -> Obj:
+    return {k: item[k] for k in INTERFACE_KEYS
+            if item.get(k) not in (None, "", 0) and not (legacy and k in INTERFACE_11)}
+
+
+def _route(route: Obj) -> Obj:
+    """types.Route as Go writes it: dst, then gw, mtu, advmss, priority when set (omitempty),
+    table and scope whenever given (pointers, so 0 is written)."""
+    out = {"dst": route["dst"]}
+    for key in ("gw", "mtu", "advmss", "priority"):
+        if route.get(key):
+            out[key] = route[key]
+    for key in ("table", "scope"):
+        if route.get(key) is not None:
+            out[key] = route[key]
+    return out
+
+
+def _sorted(value: Any) -> Any:
+    """Keys in lexical order at every level, as Go's encoding/json writes a map."""
+    if isinstance(value, dict):
+        return {k: _sorted(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted(v) for v in value]
+    return value
 
 
 def render_result(result: Obj, version: str) -> Obj:
-    """The result as the Go library prints it for `version`, keys in its order.
+    """The result as the Go library (containernetworking/cni v1.3) prints it for `version`.
 
-    1.0.0 and 1.1.0 share one Go type, so a 1.0.0 result keeps the interface `mtu`, `pciID` and
-    `socketPath` and the route extras; 0.3.x/0.4.0 drop them and add ips[].version; 0.1.0/0.2.0
-    have their own shape (see _render_02x). Like the Go library, `dns` is always present.
+    1.0.0 and 1.1.0 share one Go type (pkg/types/100), written through a map: its keys come out
+    sorted at every level, an empty `dns` is left out, and the interface `mtu`, `pciID` and
+    `socketPath` are kept. 0.3.x/0.4.0 (pkg/types/040) drop those interface fields, add
+    ips[].version and always write `dns`; their routes are the same Go type, extras included.
+    0.1.0/0.2.0 have their own shape (see _render_02x).
     """
     if version_tuple(version) < (0, 3, 0):
         return _render_02x(result, version)
     legacy = version_tuple(version) < (1, 0, 0)
     out: Obj = {"cniVersion": version}
-    interfaces = [_ordered(i, INTERFACE_KEYS, INTERFACE_11 if legacy else ())
-                  for i in result.get("interfaces") or []]
+    interfaces = [_interface(i, legacy) for i in result.get("interfaces") or []]
     if interfaces:
         out["interfaces"] = interfaces
     ips = []
@@ -260,12 +291,16 @@ def render_result(result: Obj, version: str) -> Obj:
         ips.append(item)
     if ips:
         out["ips"] = ips
-    routes = [_ordered(r, ROUTE_KEYS, ROUTE_11 if legacy else ())
-              for r in result.get("routes") or []]
+    routes = [_route(r) for r in result.get("routes") or []]
     if routes:
         out["routes"] = routes
-    out["dns"] = {k: v for k, v in (result.get("dns") or {}).items() if v}
-    return out
+    dns = {k: v for k, v in (result.get("dns") or {}).items() if v}
+    if legacy:
+        out["dns"] = dns
+        return out
+    if dns:
+        out["dns"] = dns
+    return dict(_sorted(out))
 
 
 def _render_02x(result: Obj, version: str) -> Obj:
