@@ -1,304 +1,81 @@
 """Moving from the upstream operator in place (docs/install.md, "Moving from the upstream
-operator"): a cluster runs what upstream's operator rendered; its operator is gone (scaled to 0
-or uninstalled keeping CRs and DaemonSets); nicop starts with the same NicClusterPolicy. Nothing
-is deleted and created again, no driver pod restarts, the policy goes ready, and the next driver
-version rolls out node by node through nicop's upgrade controller."""
+operator"), on the objects upstream's operator really created (tests/data/upstream-install: an
+InfiniBand policy with nv-ipam on two OS pools). Its operator is gone; its objects, pods and IP
+pools stay; nicop's CRDs and operator come, with the same NicClusterPolicy. Nothing is deleted
+or created again, no pod is replaced and no driver reloaded, the policy goes ready, and the next
+driver version rolls out node by node through nicop's upgrade controller. Deleting the policy
+afterwards keeps the CRDs and every pool."""
 
 from __future__ import annotations
 
 import copy
+import ipaddress
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from lightkube import Client
+from lightkube.codecs import from_dict
 from lightkube.core.exceptions import ApiError
-from lightkube.generic_resource import create_global_resource
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import DaemonSet
-from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, Pod, ServiceAccount
-from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
+from lightkube.resources.core_v1 import Namespace, Node, Pod
 from lightkube.types import PatchType
 from tests.integration.agent_loop import ready
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
 
+from nicop.api.install import install_crds
+
+INSTALL = Path(__file__).parent.parent / "data" / "upstream-install"
 NicClusterPolicy = create_global_resource(
     "mellanox.com", "v1alpha1", "NicClusterPolicy", "nicclusterpolicies")
+IPPool = create_namespaced_resource("nv-ipam.nvidia.com", "v1alpha1", "IPPool", "ippools")
+CIDRPool = create_namespaced_resource("nv-ipam.nvidia.com", "v1alpha1", "CIDRPool", "cidrpools")
 NFD = "feature.node.kubernetes.io"
 MOFED_WAIT = "network.nvidia.com/operator.mofed.wait"
 UPGRADE_STATE = "nvidia.com/ofed-driver-upgrade-state"
 STATE = "nvidia.network-operator.state"
-INIT_IMAGE = "nvcr.io/nvidia/mellanox/network-operator-init-container:network-operator-v25.10.0"
-VERSION = "doca3.5.0-26.07-0.7.0.0-0"
+DRIVER = "nvidia.com/ofed-driver"
+REVISION = "deployment.kubernetes.io/revision"
+UPSTREAM_MANAGER = "network-operator"  # upstream's operator writes as its own field manager
 NEW_VERSION = "doca3.5.0-26.07-1.0.0.0-0"
-RDMA_CONFIG = ('{"configList": [{"resourceName": "rdma", "resourcePrefix": "nvidia.com", '
-               '"rdmaHcaMax": 63, "selectors": {"vendors": ["15b3"]}}]}')
-POLICY: dict[str, Any] = {
-    "apiVersion": "mellanox.com/v1alpha1", "kind": "NicClusterPolicy",
-    "metadata": {"name": "nic-cluster-policy"},
-    "spec": {
-        "ofedDriver": {
-            "image": "doca-driver", "repository": "nvcr.io/nvidia/mellanox", "version": VERSION,
-            "upgradePolicy": {"autoUpgrade": True, "maxParallelUpgrades": 1,
-                              "drain": {"enable": True, "timeoutSeconds": 60,
-                                        "deleteEmptyDir": True}},
-        },
-        "rdmaSharedDevicePlugin": {"image": "k8s-rdma-shared-dev-plugin",
-                                   "repository": "ghcr.io/mellanox", "version": "v1.5.3",
-                                   "config": RDMA_CONFIG},
-    },
-}
+IN_PROGRESS = {"cordon-required", "wait-for-jobs-required", "pod-deletion-required",
+               "drain-required", "pod-restart-required", "validation-required",
+               "uncordon-required", "upgrade-failed"}
 
 
-def fnv_safe(value: str) -> str:
-    """apimachinery rand.SafeEncodeString(fmt.Sprint(fnv32a(value))), as upstream names pools."""
-    h = 2166136261
-    for byte in value.encode():
-        h = ((h ^ byte) * 16777619) % 2**32
-    return "".join("456789bcdf"[int(d)] for d in str(h))
+def policy_body() -> dict[str, Any]:
+    return dict(yaml.safe_load((INSTALL / "nicclusterpolicy.yaml").read_text()))
 
 
-def owner(policy: Any) -> list[dict[str, Any]]:
-    return [{"apiVersion": "mellanox.com/v1alpha1", "kind": "NicClusterPolicy",
-             "name": "nic-cluster-policy", "uid": policy.metadata.uid, "controller": True,
-             "blockOwnerDeletion": True}]
-
-
-def meta(name: str, state: str, refs: list[dict[str, Any]], labels: dict[str, str] | None = None,
-         namespaced: bool = True) -> dict[str, Any]:
-    """Upstream's metadata: the state label, ds-owner, the revision annotation and the policy as
-    controller owner (Mellanox/network-operator pkg/state/state_skel.go)."""
-    m: dict[str, Any] = {"name": name, "labels": {**(labels or {}), STATE: state,
-                                                  "ds-owner": "NicClusterPolicy"},
-                         "annotations": {"nvidia.network-operator.revision": "2813645717"},
-                         "ownerReferences": refs}
-    if namespaced:
-        m["namespace"] = NAMESPACE
-    return m
-
-
-def upstream_driver_ds(refs: list[dict[str, Any]], os_id: str, os_version: str, kernel: str,
-                       arch: str) -> dict[str, Any]:
-    """A driver DaemonSet as upstream renders Mellanox/network-operator
-    manifests/state-ofed-driver/0050_ofed-driver-ds.yaml with the init container on (its chart's
-    default), no policy tolerations, pull secrets or resources, and the default probes."""
-    app = f"mofed-{os_id}{os_version}-{fnv_safe(kernel)}"
-    hostpaths: list[tuple[str, str, str, str | None]] = [
-        ("run-mlnx-ofed", "/run/mellanox/drivers", "/run/mellanox/drivers", None),
-        ("etc-network", "/etc/network", "/etc/network", None),
-        ("host-etc", "/etc", "/host/etc", None),
-        ("host-usr", "/usr", "/host/usr", None),
-        ("host-udev", "/lib/udev", "/host/lib/udev", None),
-        ("host-run-udev", "/run/udev", "/run/udev", None),
-        ("host-lib-modules", "/lib/modules", "/host/lib/modules", None),
-        ("drivers-inventory", "/var/opt/mofed-container/inventory", "/mnt/drivers-inventory",
-         "DirectoryOrCreate"),
-        ("host-ib-core", "/etc/modprobe.d/ib_core.conf", "/etc/modprobe.d/ib_core.conf",
-         "FileOrCreate"),
-        ("dev-infiniband", "/dev/infiniband", "/dev/infiniband", "DirectoryOrCreate"),
-    ]
-    mounts: list[dict[str, Any]] = [{"name": n, "mountPath": m} for n, _, m, _ in hostpaths]
-    mounts[0]["mountPropagation"] = "Bidirectional"
-    mounts[5]["readOnly"] = True
-    volumes: list[dict[str, Any]] = [
-        {"name": n, "hostPath": {"path": h, **({"type": t} if t else {})}}
-        for n, h, _, t in hostpaths]
-    volumes += [{"name": "host-proc", "hostPath": {"path": "/proc", "type": "Directory"}},
-                {"name": "host-sys", "hostPath": {"path": "/sys", "type": "Directory"}}]
-
-    def probe(command: str, delay: int, period: int, failures: int) -> dict[str, Any]:
-        return {"exec": {"command": ["sh", "-c", command]}, "initialDelaySeconds": delay,
-                "failureThreshold": failures, "successThreshold": 1, "timeoutSeconds": 10,
-                "periodSeconds": period}
-
-    node_name = {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
-    return {
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": meta(f"{app}-ds", "state-OFED", refs, {
-            "app": app, "nvidia.com/ofed-driver": "", "mofed-ds-format-version": "1"}),
-        "spec": {
-            "updateStrategy": {"type": "OnDelete"},
-            "selector": {"matchLabels": {"app": app}},
-            "template": {
-                "metadata": {"labels": {"app": app, "kernel": kernel,
-                                        "nvidia.com/ofed-driver": "",
-                                        "ds-owner": "NicClusterPolicy"}},
-                "spec": {
-                    "priorityClassName": "system-node-critical",
-                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
-                                     "effect": "NoSchedule"}],
-                    "affinity": {"podAntiAffinity": {
-                        "requiredDuringSchedulingIgnoredDuringExecution": [{
-                            "labelSelector": {"matchExpressions": [
-                                {"key": "nvidia.com/ofed-driver", "operator": "Exists"}]},
-                            "topologyKey": "kubernetes.io/hostname"}]}},
-                    "serviceAccountName": "ofed-driver",
-                    "hostNetwork": True,
-                    "initContainers": [{
-                        "name": "network-operator-init-container",
-                        "imagePullPolicy": "IfNotPresent", "image": INIT_IMAGE,
-                        "args": ["--node-name", "$(NODE_NAME)", "--configmap-name",
-                                 "ofed-init-container-config", "--configmap-namespace",
-                                 NAMESPACE, "--configmap-key", "config.json"],
-                        "env": [node_name],
-                        "volumeMounts": [
-                            {"name": "host-proc", "mountPath": "/host/proc", "readOnly": True},
-                            {"name": "host-sys", "mountPath": "/host/sys", "readOnly": True}],
-                    }],
-                    "containers": [{
-                        "image": f"nvcr.io/nvidia/mellanox/doca-driver:{VERSION}-"
-                                 f"{os_id}{os_version}-{arch}",
-                        "imagePullPolicy": "IfNotPresent",
-                        "name": "mofed-container",
-                        "securityContext": {"privileged": True,
-                                            "seLinuxOptions": {"level": "s0"}},
-                        "env": [{"name": "CREATE_IFNAMES_UDEV", "value": "true"},
-                                {"name": "NVIDIA_NIC_DRIVERS_INVENTORY_PATH",
-                                 "value": "/mnt/drivers-inventory"}],
-                        "volumeMounts": mounts,
-                        "startupProbe": probe("ls /run/mellanox/drivers/.driver-ready",
-                                              30, 10, 120),
-                        "livenessProbe": probe("lsmod | grep mlx5_core", 10, 30, 1),
-                        "readinessProbe": probe("lsmod | grep mlx5_core", 10, 30, 1),
-                    }],
-                    "terminationGracePeriodSeconds": 300,
-                    "volumes": volumes,
-                    "nodeSelector": {
-                        f"{NFD}/pci-15b3.present": "true",
-                        f"{NFD}/system-os_release.ID": os_id,
-                        f"{NFD}/system-os_release.VERSION_ID": os_version,
-                        f"{NFD}/kernel-version.full": kernel,
-                    },
-                },
-            },
-        },
-    }
-
-
-def upstream_objects(refs: list[dict[str, Any]], nodes: list[Node]) -> list[dict[str, Any]]:
-    """What upstream's operator holds for POLICY on these nodes: manifests/state-ofed-driver/
-    (ServiceAccount, ClusterRole, ClusterRoleBinding ofed-driver, ConfigMap
-    ofed-init-container-config, one DaemonSet per OS and kernel) and
-    manifests/state-rdma-shared-device-plugin/ (ConfigMap rdma-devices, DaemonSet
-    rdma-shared-dp-ds selecting `app: rdma-shared-dp`)."""
-    rbac = "rbac.authorization.k8s.io"
-    objects: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "ServiceAccount",
-         "metadata": meta("ofed-driver", "state-OFED", refs)},
-        {"apiVersion": f"{rbac}/v1", "kind": "ClusterRole",
-         "metadata": meta("ofed-driver", "state-OFED", refs, namespaced=False),
-         "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]},
-        {"apiVersion": f"{rbac}/v1", "kind": "ClusterRoleBinding",
-         "metadata": meta("ofed-driver", "state-OFED", refs, namespaced=False),
-         "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": "ofed-driver"},
-         "subjects": [{"kind": "ServiceAccount", "name": "ofed-driver",
-                       "namespace": NAMESPACE}]},
-        {"apiVersion": "v1", "kind": "ConfigMap",
-         "metadata": meta("ofed-init-container-config", "state-OFED", refs),
-         "data": {"config.json": "{}"}},
-        {"apiVersion": "v1", "kind": "ConfigMap",
-         "metadata": meta("rdma-devices", "state-RDMA-device-plugin", refs),
-         "data": {"config.json": RDMA_CONFIG}},
-        {"apiVersion": "apps/v1", "kind": "DaemonSet",
-         "metadata": meta("rdma-shared-dp-ds", "state-RDMA-device-plugin", refs),
-         "spec": {
-             "selector": {"matchLabels": {"app": "rdma-shared-dp"}},
-             "template": {
-                 "metadata": {"labels": {"app": "rdma-shared-dp",
-                                         "ds-owner": "NicClusterPolicy"}},
-                 "spec": {
-                     "hostNetwork": True, "priorityClassName": "system-node-critical",
-                     "nodeSelector": {f"{NFD}/pci-15b3.present": "true", MOFED_WAIT: "false"},
-                     "containers": [{
-                         "name": "rdma-shared-dp",
-                         "image": "ghcr.io/mellanox/k8s-rdma-shared-dev-plugin:v1.5.2",
-                         "securityContext": {"privileged": True}}]}}}},
-    ]
-    pools = {}
-    for node in nodes:
-        labels = node.metadata.labels or {}
-        if labels.get(f"{NFD}/pci-15b3.present") != "true":
-            continue
-        key = (labels[f"{NFD}/system-os_release.ID"],
-               labels[f"{NFD}/system-os_release.VERSION_ID"],
-               labels[f"{NFD}/kernel-version.full"])
-        pools.setdefault(key, labels.get("kubernetes.io/arch", "amd64"))
-    assert len({os_version for _, os_version, _ in pools}) >= 2, pools  # two OS pools
-    for (os_id, os_version, kernel), arch in sorted(pools.items()):
-        objects.append(upstream_driver_ds(refs, os_id, os_version, kernel, arch))
+def upstream_objects(policy_uid: str) -> list[dict[str, Any]]:
+    """The install's objects, their owner references pointing at this cluster's policy."""
+    objects = []
+    for path in sorted((INSTALL / "objects").iterdir()):
+        obj = yaml.safe_load(path.read_text())
+        for ref in obj["metadata"].get("ownerReferences") or []:
+            ref["uid"] = policy_uid
+        objects.append(obj)
     return objects
 
 
-KINDS = {"ServiceAccount": ServiceAccount, "ClusterRole": ClusterRole,
-         "ClusterRoleBinding": ClusterRoleBinding, "ConfigMap": ConfigMap,
-         "DaemonSet": DaemonSet}
+def key(obj: dict[str, Any]) -> tuple[str, str]:
+    return obj["kind"], obj["metadata"]["name"]
 
 
-def get(client: Client, obj: dict[str, Any]) -> Any:
+def live(client: Client, obj: dict[str, Any]) -> Any:
     m = obj["metadata"]
-    return client.get(KINDS[obj["kind"]], m["name"], namespace=m.get("namespace"))
-
-
-def driver_pods(client: Client) -> list[Pod]:
-    return [p for p in client.list(Pod, namespace=NAMESPACE,
-                                   labels={"nvidia.com/ofed-driver": None})
-            if not p.metadata.deletionTimestamp]
-
-
-def policy_status(client: Client) -> dict[str, Any]:
-    return dict(client.get(NicClusterPolicy, "nic-cluster-policy").get("status") or {})
-
-
-def apply_policy(client: Client, body: dict[str, Any]) -> Any:
-    return client.apply(NicClusterPolicy(**body), field_manager="test", force=True)
-
-
-def label_nodes(client: Client, nodes: list[str], labels: dict[str, str | None]) -> None:
-    for name in nodes:
-        client.patch(Node, name, {"metadata": {"labels": labels}}, patch_type=PatchType.MERGE)
-
-
-@pytest.fixture
-def upstream_install(client: Client, crds: list[str]) -> Iterator[list[dict[str, Any]]]:
-    """The cluster as the upstream operator left it: the policy, its objects, driver pods
-    ready on every NIC node, the nodes labelled mofed.wait=false and upgrade-done."""
-    try:
-        client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
-    except ApiError as e:
-        if e.status.code != 409:
-            raise
-    def labelled() -> list[Node]:  # NFD's labels, which the node stand-ins write on start
-        nodes = list(client.list(Node))
-        versions = {(n.metadata.labels or {}).get(f"{NFD}/system-os_release.VERSION_ID")
-                    for n in nodes
-                    if (n.metadata.labels or {}).get(f"{NFD}/pci-15b3.present") == "true"
-                    and (n.metadata.labels or {}).get(f"{NFD}/kernel-version.full")}
-        return nodes if len(versions - {None}) >= 2 else []
-
-    nodes = wait_for(labelled, timeout=60, what="two OS pools of NIC nodes labelled")
-    policy = apply_policy(client, POLICY)
-    managed = [n.metadata.name for n in nodes
-               if (n.metadata.labels or {}).get(f"{NFD}/pci-15b3.present") == "true"]
-    label_nodes(client, managed, {MOFED_WAIT: "false", UPGRADE_STATE: "upgrade-done"})
-    objects = upstream_objects(owner(policy), nodes)
-    for obj in objects:
-        client.create(KINDS[obj["kind"]].from_dict(obj) if hasattr(KINDS[obj["kind"]],
-                                                                   "from_dict") else obj)
-    wait_for(lambda: len(pods := driver_pods(client)) == len(managed) and all(map(ready, pods)),
-             timeout=120, what="upstream's driver pods ready on every NIC node")
-    yield objects
-    client.delete(NicClusterPolicy, "nic-cluster-policy")
-    wait_for(lambda: not [o for o in objects if exists(client, o)], timeout=120,
-             what="the policy's objects collected")
-    label_nodes(client, managed, {MOFED_WAIT: None, UPGRADE_STATE: None})
+    return client.get(type(from_dict(obj)), m["name"], namespace=m.get("namespace"))
 
 
 def exists(client: Client, obj: dict[str, Any]) -> bool:
     try:
-        get(client, obj)
+        live(client, obj)
         return True
     except ApiError as e:
         if e.status.code == 404:
@@ -306,71 +83,272 @@ def exists(client: Client, obj: dict[str, Any]) -> bool:
         raise
 
 
-IN_PROGRESS = {"cordon-required", "wait-for-jobs-required", "pod-deletion-required",
-               "drain-required", "pod-restart-required", "validation-required",
-               "uncordon-required", "upgrade-failed"}
+def workload_pods(client: Client) -> dict[str, Pod]:
+    """Every pod of the install, by UID."""
+    return {p.metadata.uid: p for p in client.list(Pod, namespace=NAMESPACE)
+            if not p.metadata.deletionTimestamp}
 
 
-def test_nicop_takes_over_an_upstream_install_in_place(
+def driver_pods(client: Client) -> list[Pod]:
+    return [p for p in workload_pods(client).values() if DRIVER in (p.metadata.labels or {})]
+
+
+def policy_state(client: Client) -> str | None:
+    return (client.get(NicClusterPolicy, "nic-cluster-policy").get("status") or {}).get("state")
+
+
+def apply_policy(client: Client, body: dict[str, Any]) -> Any:
+    return client.apply(NicClusterPolicy(**body), field_manager="test", force=True)
+
+
+def block(first: str, size: int, index: int) -> tuple[str, str]:
+    start = ipaddress.ip_address(first) + index * size
+    return str(start), str(start + size - 1)
+
+
+def pools(node_names: list[str]) -> list[Any]:
+    """An IPPool and a CIDRPool with a block and a prefix for every node, in an order nv-ipam's
+    controller could have left (not the one a fresh carve gives), so a re-carve would show."""
+    order = list(reversed(node_names))
+    ip_allocations = [{"nodeName": n, "startIP": block("192.168.0.1", 100, i)[0],
+                       "endIP": block("192.168.0.1", 100, i)[1]} for i, n in enumerate(order)]
+    cidr_allocations = [{"nodeName": n, "prefix": f"10.10.{i + 5}.0/24",
+                         "gateway": f"10.10.{i + 5}.1"} for i, n in enumerate(order)]
+    return [
+        IPPool(metadata=ObjectMeta(name="pool1", namespace=NAMESPACE),
+               spec={"subnet": "192.168.0.0/16", "perNodeBlockSize": 100,
+                     "gateway": "192.168.0.1"},
+               status={"allocations": ip_allocations}),
+        CIDRPool(metadata=ObjectMeta(name="pool2", namespace=NAMESPACE),
+                 spec={"cidr": "10.10.0.0/16", "gatewayIndex": 1, "perNodeNetworkPrefix": 24},
+                 status={"allocations": cidr_allocations}),
+    ]
+
+
+def allocations(client: Client) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Each pool's UID and what each node holds of it (the list's order means nothing)."""
+    return {f"{p.kind}/{p.metadata.name}": (p.metadata.uid, {
+        a["nodeName"]: {k: v for k, v in a.items() if k != "nodeName"}
+        for a in p.status["allocations"]})
+        for kind in (IPPool, CIDRPool) for p in client.list(kind, namespace=NAMESPACE)}
+
+
+class StateWatch:
+    """Every upgrade state a node shows while it runs, in the order the API server wrote them
+    (one watch stream is ordered by resourceVersion), so a node that went through an upgrade
+    and back in between two looks is still seen, and the most nodes in progress at once is
+    known. Its failure fails the test."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.seen: dict[str, list[str | None]] = {}
+        self.most_in_progress = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        current: dict[str, str | None] = {}
+        try:
+            for _, node in self.client.watch(Node):
+                state = (node.metadata.labels or {}).get(UPGRADE_STATE)
+                current[node.metadata.name] = state
+                states = self.seen.setdefault(node.metadata.name, [])
+                if not states or states[-1] != state:
+                    states.append(state)
+                self.most_in_progress = max(self.most_in_progress,
+                                            sum(s in IN_PROGRESS for s in current.values()))
+                if self._stop.is_set():
+                    return
+        except BaseException as e:  # reported by stop()
+            self.error = e
+
+    def started(self) -> StateWatch:
+        """Once the watch has told every node as it is now."""
+        count = len(list(self.client.list(Node)))
+        wait_for(lambda: len(self.seen) >= count or self.error, timeout=30,
+                 what="the node watch to start")
+        return self
+
+    def stop(self) -> dict[str, list[str | None]]:
+        self._stop.set()
+        # One write wakes the watch so it sees the stop; the annotation means nothing.
+        wake = next(iter(self.client.list(Node))).metadata.name
+        self.client.patch(Node, wake, {"metadata": {"annotations": {
+            "test.nicop.io/wake": str(id(self))}}}, patch_type=PatchType.MERGE)
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "the node watch did not stop"
+        assert self.error is None, f"the node watch failed: {self.error!r}"
+        return self.seen
+
+
+@pytest.fixture
+def upstream_install(client: Client, crds: list[str]) -> Iterator[list[dict[str, Any]]]:
+    """The cluster as the upstream operator leaves it: its policy, every object it created
+    (written by its field manager), pods ready from them, nodes labelled mofed.wait=false and
+    upgrade-done, and two IP pools with allocations."""
+    try:
+        client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
+    except ApiError as e:
+        if e.status.code != 409:
+            raise
+    nodes = [n for n in client.list(Node)
+             if (n.metadata.labels or {}).get(f"{NFD}/pci-15b3.present") == "true"]
+    managed = [n.metadata.name for n in nodes]
+    policy = apply_policy(client, policy_body())
+    objects = upstream_objects(policy.metadata.uid)
+    for obj in objects:  # the nv-ipam CRDs exist (nicop's): upstream's state applied them over
+        client.apply(from_dict(obj), field_manager=UPSTREAM_MANAGER, force=True)
+    for node in managed:
+        client.patch(Node, node, {"metadata": {"labels": {
+            MOFED_WAIT: "false", UPGRADE_STATE: "upgrade-done"}}}, patch_type=PatchType.MERGE)
+    for pool in pools(sorted(n.metadata.name for n in client.list(Node))):
+        client.create(pool)
+        client.patch(type(pool).Status, pool.metadata.name, {"status": pool.status},
+                     namespace=NAMESPACE, patch_type=PatchType.MERGE,
+                     field_manager=UPSTREAM_MANAGER)
+
+    def settled() -> bool:
+        for obj in objects:
+            if obj["kind"] == "DaemonSet":
+                s = live(client, obj).status
+                if not s or not s.desiredNumberScheduled or s.numberReady != \
+                        s.desiredNumberScheduled:
+                    return False
+            elif obj["kind"] == "Deployment":
+                s = live(client, obj).status
+                if not s or (s.readyReplicas or 0) != live(client, obj).spec.replicas:
+                    return False
+        return True
+
+    wait_for(settled, timeout=180, what="upstream's pods ready on every node")
+    try:
+        yield objects
+    finally:
+        # Should a check have failed before the policy was deleted: the CRDs stay with the
+        # cluster (other tests use them), whoever owns them.
+        for name in ("ippools.nv-ipam.nvidia.com", "cidrpools.nv-ipam.nvidia.com"):
+            client.patch(CustomResourceDefinition, name, {"metadata": {
+                "ownerReferences": None}}, patch_type=PatchType.MERGE)
+        try:
+            client.delete(NicClusterPolicy, "nic-cluster-policy")
+        except ApiError as e:
+            if e.status.code != 404:
+                raise
+        for kind, name in ((IPPool, "pool1"), (CIDRPool, "pool2")):
+            try:
+                client.delete(kind, name, namespace=NAMESPACE)
+            except ApiError as e:
+                if e.status.code != 404:
+                    raise
+        wait_for(lambda: not [o for o in objects if o["kind"] != "CustomResourceDefinition"
+                              and exists(client, o)], timeout=120,
+                 what="the policy's objects collected")
+        for node in managed:
+            client.patch(Node, node, {"metadata": {"labels": {
+                MOFED_WAIT: None, UPGRADE_STATE: None}}}, patch_type=PatchType.MERGE)
+
+
+def test_nicop_takes_over_a_real_upstream_install_in_place(
         client: Client, kubeconfig: Path, tmp_path: Path,
         upstream_install: list[dict[str, Any]]) -> None:
     objects = upstream_install
-    uids = {(o["kind"], o["metadata"]["name"]): get(client, o).metadata.uid for o in objects}
-    drivers = [o for o in objects if "nvidia.com/ofed-driver" in o["metadata"]["labels"]]
-    generations = {o["metadata"]["name"]: get(client, o).metadata.generation for o in drivers}
-    pods_before = {p.metadata.uid: p.spec.nodeName for p in driver_pods(client)}
-
-    # The upstream chart's default, which docs/install.md tells to keep.
+    before = {key(o): live(client, o).metadata for o in objects}
+    pods_before = {uid: (p.spec.nodeName, p.metadata.labels.get("app") or
+                         p.metadata.labels.get("name")) for uid, p in workload_pods(client).items()}
+    pools_before = allocations(client)
+    assert len(pods_before) >= 10 and len(pools_before) == 2
+    # The procedure: nicop's CRDs over upstream's (its chart or `nicop crds install`), then
+    # its operator with the chart's driver init container (upstream's default).
+    install_crds(client)
+    init_image = next(c["image"] for o in objects if key(o)[1].startswith("mofed-")
+                      for c in o["spec"]["template"]["spec"]["initContainers"])
+    states = StateWatch(client).started()
     operator = OperatorProcess(kubeconfig, NAMESPACE, tmp_path / "operator.log",
-                               env={"OFED_INIT_CONTAINER_IMAGE": INIT_IMAGE})
+                               env={"OFED_INIT_CONTAINER_IMAGE": init_image})
     try:
         operator.wait_ready()
-        wait_for(lambda: policy_status(client).get("state") == "ready", timeout=180,
+        wait_for(lambda: policy_state(client) == "ready", timeout=180,
                  what="the policy to be ready on upstream's objects")
-        # Every object is upstream's own, updated in place; nicop now manages it.
-        for obj in objects:
-            current = get(client, obj)
-            assert current.metadata.uid == uids[obj["kind"], obj["metadata"]["name"]], obj
-        # nicop's driver DaemonSets are upstream's to the field: not even a new generation.
-        for obj in drivers:
-            assert get(client, obj).metadata.generation == generations[obj["metadata"]["name"]]
-        assert {p.metadata.uid: p.spec.nodeName for p in driver_pods(client)} == pods_before
-        assert all(c.restartCount == 0 for p in driver_pods(client)
+        # The two CRDs upstream's nv-ipam state made are adopted as nicop's: not the state's,
+        # not owned by the policy.
+        wait_for(lambda: all(not c.metadata.ownerReferences and STATE not in (
+            c.metadata.labels or {}) for c in (live(client, o) for o in objects
+                                               if o["kind"] == "CustomResourceDefinition")),
+                 timeout=30, what="the nv-ipam CRDs adopted")
+        for obj in objects:  # every object upstream's, kept; no workload template rewritten
+            meta = live(client, obj).metadata
+            assert meta.uid == before[key(obj)].uid, key(obj)
+            if obj["kind"] == "DaemonSet":  # a new generation would be a new template
+                assert meta.generation == before[key(obj)].generation, key(obj)
+            elif obj["kind"] == "Deployment":  # a new template would be a new ReplicaSet
+                wait_for(lambda o=obj: live(client, o).status.observedGeneration ==
+                         live(client, o).metadata.generation, timeout=30,
+                         what=f"{key(obj)} observed")
+                assert meta.annotations[REVISION] == before[key(obj)].annotations[REVISION]
+        assert allocations(client) == pools_before
+        pods = workload_pods(client)
+        assert set(pods) == set(pods_before)
+        assert all(c.restartCount == 0 for p in pods.values()
                    for c in p.status.containerStatuses or [])
-        config = client.get(ConfigMap, "ofed-init-container-config", namespace=NAMESPACE)
-        assert '"safeDriverLoad"' in config.data["config.json"]  # nicop's content, same object
 
-        # The next version: one node at a time (maxParallelUpgrades 1), by nicop's controller.
-        worst: list[int] = []
-        stop = threading.Event()
+        # Someone edits a driver DaemonSet's template in form only (a label, an annotation, a
+        # probe): no node reloads its driver; its pods count as current.
+        driver_ds = next(o for o in objects if key(o)[1].startswith("mofed-ubuntu22.04"))
+        client.patch(DaemonSet, driver_ds["metadata"]["name"], [
+            {"op": "add", "path": "/spec/template/metadata/labels/team", "value": "infra"},
+            {"op": "replace", "path": "/spec/template/spec/containers/0/livenessProbe/"
+                                      "periodSeconds", "value": 60}],
+            namespace=NAMESPACE, patch_type=PatchType.JSON)
 
-        def sample() -> None:
-            while not stop.is_set():
-                states = [(n.metadata.labels or {}).get(UPGRADE_STATE) for n in client.list(Node)]
-                worst.append(sum(s in IN_PROGRESS for s in states))
-                time.sleep(0.2)
+        def counted_current() -> bool:
+            s = live(client, driver_ds).status
+            return bool(s.desiredNumberScheduled and s.observedGeneration ==
+                        live(client, driver_ds).metadata.generation and
+                        s.updatedNumberScheduled == s.desiredNumberScheduled)
 
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        bumped = copy.deepcopy(POLICY)
+        wait_for(counted_current, timeout=60, what="the driver pods counted current")
+        wait_for(lambda: policy_state(client) == "ready", timeout=60,
+                 what="the policy ready after the edit")
+        assert set(workload_pods(client)) == set(pods_before)
+        seen = states.stop()
+        assert {n: s for n, s in seen.items() if set(s) - {"upgrade-done", None}} == {}, \
+            "a node left upgrade-done during the takeover"
+
+        # The next version: node by node, at most maxParallelUpgrades (2) at a time.
+        states = StateWatch(client).started()
+        bumped = copy.deepcopy(policy_body())
         bumped["spec"]["ofedDriver"]["version"] = NEW_VERSION
-        try:
-            apply_policy(client, bumped)
+        apply_policy(client, bumped)
+        drivers_before = {p.metadata.uid for p in driver_pods(client)}
 
-            def upgraded() -> bool:
-                pods = driver_pods(client)
-                return len(pods) == len(pods_before) and all(
-                    NEW_VERSION in p.spec.containers[0].image and ready(p) for p in pods)
+        def upgraded() -> bool:
+            pods = driver_pods(client)
+            return len(pods) == len(drivers_before) and all(
+                NEW_VERSION in p.spec.containers[0].image and ready(p) for p in pods)
 
-            wait_for(upgraded, timeout=300, what="every driver pod on the new version")
-            wait_for(lambda: policy_status(client).get("state") == "ready", timeout=120,
-                     what="the policy ready after the upgrade")
-        finally:
-            stop.set()
-            sampler.join()
-        assert max(worst) == 1, f"nodes upgrading at once: {max(worst)}"
-        assert not set(pods_before) & {p.metadata.uid for p in driver_pods(client)}
-        for obj in drivers:  # the same DaemonSets carried the new version
-            assert get(client, obj).metadata.uid == uids["DaemonSet", obj["metadata"]["name"]]
+        wait_for(upgraded, timeout=300, what="every driver pod on the new version")
+        wait_for(lambda: policy_state(client) == "ready", timeout=120,
+                 what="the policy ready after the upgrade")
+        seen = states.stop()
+        assert not drivers_before & {p.metadata.uid for p in driver_pods(client)}
+        assert all("upgrade-done" in s and set(s) & IN_PROGRESS for n, s in seen.items()
+                   if n in {p.spec.nodeName for p in driver_pods(client)}), seen
+        assert 1 <= states.most_in_progress <= 2, \
+            f"nodes upgrading at once: {states.most_in_progress}"
+        for obj in objects:  # the same DaemonSets carried the new version
+            assert live(client, obj).metadata.uid == before[key(obj)].uid
+
+        # Deleting the policy removes what it rendered; the CRDs and every pool stay.
+        client.delete(NicClusterPolicy, "nic-cluster-policy")
+        wait_for(lambda: not any(exists(client, o) for o in objects
+                                 if o["kind"] in ("DaemonSet", "Deployment")),
+                 timeout=120, what="the policy's workloads collected")
+        for obj in objects:
+            if obj["kind"] == "CustomResourceDefinition":
+                assert live(client, obj).metadata.uid == before[key(obj)].uid
+        assert {k: v[1] for k, v in allocations(client).items()} == {
+            k: v[1] for k, v in pools_before.items()}
     finally:
         operator.stop()

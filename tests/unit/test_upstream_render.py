@@ -157,9 +157,13 @@ def test_driver_init_container_and_its_config_are_upstreams() -> None:
     assert init["args"] == ["--node-name", "$(NODE_NAME)", "--configmap-name",
                             "ofed-init-container-config", "--configmap-namespace", NAMESPACE,
                             "--configmap-key", "config.json"]
+    # Upstream appends its defaults to the section's env before rendering both containers
+    # (pkg/state/state_ofed.go mergeWithDefaultEnvs; tests/data/upstream-install shows both).
     assert init["env"] == [
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-        {"name": "HTTP_PROXY", "value": "p:3128"}]
+        {"name": "HTTP_PROXY", "value": "p:3128"},
+        {"name": "CREATE_IFNAMES_UDEV", "value": "true"},
+        {"name": "NVIDIA_NIC_DRIVERS_INVENTORY_PATH", "value": "/mnt/drivers-inventory"}]
     for mount in init["volumeMounts"]:
         assert mount["readOnly"] is True
         assert volumes(ds)[mount["name"]]["hostPath"]["type"] == "Directory"
@@ -325,5 +329,5 @@ def test_the_ipam_controller_runs_two_replicas_spread_over_nodes_as_upstream() -
     [term] = controller["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
         "preferredDuringSchedulingIgnoredDuringExecution"]
     assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
-    assert term["podAffinityTerm"]["labelSelector"] == {
-        "matchLabels": {"name": "nv-ipam-controller"}}
+    assert term["podAffinityTerm"]["labelSelector"] == {"matchExpressions": [
+        {"key": "name", "operator": "In", "values": ["nv-ipam-controller"]}]}

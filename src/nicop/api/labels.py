@@ -16,6 +16,10 @@ OWNER_LABEL = "ds-owner"
 OWNER_VALUE = "NicClusterPolicy"
 REVISION_ANNOTATION = "nvidia.network-operator.revision"
 CONFIG_HASH_ANNOTATION = "nvidia.network-operator.config-hash"
+# On every object nicop renders: what tells nicop's own objects from those another operator
+# left (only its own are ever deleted).
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "nicop"
 
 # On nodes: which are managed, and whether their driver is ready.
 MELLANOX_LABEL = f"{NFD}/pci-15b3.present"

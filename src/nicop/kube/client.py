@@ -216,17 +216,20 @@ class ApiClient:
 
     async def apply(
         self, obj: Obj, *, subresource: str | None = None, force: bool = True,
-        res: Resource | None = None,
+        res: Resource | None = None, dry_run: bool = False,
     ) -> Obj:
-        """Server-side apply of `obj` (which holds only the fields nicop owns)."""
+        """Server-side apply of `obj` (which holds only the fields nicop owns); with `dry_run`
+        the object as the API server would store it, defaults filled in, nothing written."""
         res = res or resource_of(obj)
         m = obj["metadata"]
         path = res.path(m.get("namespace"), m["name"])
         if subresource:
             path += f"/{subresource}"
         params = {"fieldManager": FIELD_MANAGER, "force": "true" if force else "false"}
-        return await self._send("apply", res, "PATCH", path, params=params, body=obj,
-                                content_type=PATCH_TYPES["apply"])
+        if dry_run:
+            params["dryRun"] = "All"
+        return await self._send("dry-run" if dry_run else "apply", res, "PATCH", path,
+                                params=params, body=obj, content_type=PATCH_TYPES["apply"])
 
     async def patch(
         self,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from nicop.api.labels import REVISION_ANNOTATION
+from nicop.api.labels import MANAGED_BY_LABEL, MANAGED_BY_VALUE, REVISION_ANNOTATION
 from nicop.kube.client import ApiClient
 from nicop.kube.manager import Manager
 from nicop.kube.resources import (
@@ -67,7 +67,7 @@ class Components:
         for obj in objects:
             meta = obj["metadata"]
             meta.setdefault("labels", {})[COMPONENT_LABEL] = name
-            meta.setdefault("labels", {})["app.kubernetes.io/managed-by"] = "nicop"
+            meta.setdefault("labels", {})[MANAGED_BY_LABEL] = MANAGED_BY_VALUE
             if owner is not None and meta.get("namespace"):
                 om = owner["metadata"]
                 meta["ownerReferences"] = [{

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nicop import logs
-from nicop.api.labels import REVISION_ANNOTATION
+from nicop.api.labels import MANAGED_BY_LABEL, MANAGED_BY_VALUE, REVISION_ANNOTATION
 from nicop.kube.client import ApiClient
 from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.resources import NETWORK_ATTACHMENT_DEFINITION as NAD
@@ -25,7 +25,7 @@ from nicop.operator.writes import WriteFailed
 
 log = logging.getLogger(__name__)
 
-MANAGED_LABEL = "app.kubernetes.io/managed-by=nicop"
+MANAGED_LABEL = f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"
 RESOURCE_NAME_ANNOTATION = "k8s.v1.cni.cncf.io/resourceName"
 CNI_VERSION = "0.3.1"
 
@@ -131,7 +131,7 @@ def render_nad(kind: NetworkKind, cr: Obj) -> Obj:
     metadata: Obj = {
         "name": name,
         "namespace": spec.get("networkNamespace") or "default",
-        "labels": {"app.kubernetes.io/managed-by": "nicop"},
+        "labels": {MANAGED_BY_LABEL: MANAGED_BY_VALUE},
         "annotations": {},
         "ownerReferences": [{
             "apiVersion": kind.resource.api_version, "kind": kind.resource.kind, "name": name,

@@ -31,6 +31,7 @@ import os
 from collections.abc import Iterable, Mapping
 
 from nicop import logs
+from nicop.api.labels import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.conditions import with_condition
 from nicop.kube.events import EventRecorder
@@ -558,7 +559,7 @@ class SriovPolicyController:
         updated = await self.client.apply({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": CONFIG_MAP_NAME, "namespace": self.namespace,
-                         "labels": {"app.kubernetes.io/managed-by": "nicop"}},
+                         "labels": {MANAGED_BY_LABEL: MANAGED_BY_VALUE}},
             "data": data,
         })
         self.config_maps.assume(updated)

@@ -23,7 +23,7 @@ import logging
 from dataclasses import dataclass
 
 from nicop import logs
-from nicop.api.labels import REVISION_ANNOTATION
+from nicop.api.labels import MANAGED_BY_LABEL, MANAGED_BY_VALUE, REVISION_ANNOTATION
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.conditions import with_condition
 from nicop.kube.events import EventRecorder
@@ -172,7 +172,7 @@ def render_nad(kind: SriovKind, cr: Obj, operator_namespace: str,
     metadata: Obj = {
         "name": m["name"],
         "namespace": namespace,
-        "labels": {"app.kubernetes.io/managed-by": "nicop"},
+        "labels": {MANAGED_BY_LABEL: MANAGED_BY_VALUE},
         "annotations": {
             RESOURCE_NAME_ANNOTATION: f"{prefix}/{spec['resourceName']}",
             OWNER_ANNOTATION: owner_value(kind, cr),

@@ -8,14 +8,18 @@ rest costs no writes, also after a restart.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from nicop import logs
+from nicop.api.kinds import KINDS
 from nicop.api.labels import (
     DRIVER_CONTAINER,
     DRIVER_LABEL,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
     MELLANOX_LABEL,
     MOFED_WAIT_LABEL,
     OPT_IN_LABEL,
@@ -25,7 +29,7 @@ from nicop.api.labels import (
     STATE_LABEL,
 )
 from nicop.api.nodes import labels_of
-from nicop.kube.client import ApiClient
+from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.events import EventRecorder
 from nicop.kube.informer import Informer
 from nicop.kube.manager import Manager
@@ -37,6 +41,7 @@ from nicop.kube.resources import (
     DAEMONSET,
     DEPLOYMENT,
     DEVICE_CLASS,
+    NIC_CLUSTER_POLICY,
     NODE,
     PERSISTENT_VOLUME_CLAIM,
     SERVICE_ACCOUNT,
@@ -50,6 +55,7 @@ from nicop.kube.times import stamp
 from nicop.operator import metrics, writes
 from nicop.operator.states.base import Context, RenderError, State, content_hash
 from nicop.operator.states.partial import PartialState
+from nicop.operator.templates import substance
 from nicop.operator.writes import WriteFailed
 
 log = logging.getLogger(__name__)
@@ -59,9 +65,15 @@ OWNED = (SERVICE_ACCOUNT, CONFIGMAP, CLUSTER_ROLE, CLUSTER_ROLE_BINDING, DAEMONS
 # Kinds older clusters lack (resource.k8s.io/v1 came with Kubernetes 1.34): only a policy with
 # draDriver needs them, so without them the operator still serves every other component.
 MAY_BE_UNSERVED = (DEVICE_CLASS,)
-# As upstream: a component's CRDs stay when its section is removed (their CRs would go with
-# them); they go with the policy, through its ownerReference.
-KEPT_ON_REMOVAL = (CRD,)
+# Kinds that hold what users made or stored: a CRD's custom resources (every IP pool goes with
+# the nv-ipam CRDs), a PVC's files. A state never deletes them; one it no longer renders stays
+# and is named in its message.
+HOLDS_DATA = (CRD, PERSISTENT_VOLUME_CLAIM)
+WORKLOADS = (DAEMONSET, DEPLOYMENT)
+# CRDs nicop installs with its own (the chart's crds/, `nicop crds install`): found with a
+# state's label (upstream's nv-ipam state applies them itself), they are adopted, not kept
+# as the state's.
+OWN_CRDS = frozenset(model.crd.name for model in KINDS)
 
 
 def owned_by(obj: Obj, policy: Obj) -> bool:
@@ -69,6 +81,12 @@ def owned_by(obj: Obj, policy: Obj) -> bool:
     name (deleted and created again) would be garbage-collected with that one: adopt it."""
     uid = policy["metadata"].get("uid")
     return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
+
+
+def made_by_nicop(obj: Obj) -> bool:
+    """Whether nicop rendered this object (another operator's, never rendered by nicop, is
+    not nicop's to delete)."""
+    return (obj["metadata"].get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGED_BY_VALUE
 
 
 def owner_of(obj: Obj) -> str:
@@ -154,13 +172,11 @@ class StateSync:
                      section: Obj | None, co_owners: Mapping[str, list[Obj]]) -> Applied:
         existing = self.objects_of(state.name, ctx.owner)
         if section is None:
-            existing = [(res, o) for res, o in existing if res not in KEPT_ON_REMOVAL]
-            for res, obj in existing:
-                await writes.delete(self.client, res, obj)
-            if existing:
+            gone, left = await self._remove(state, ctx, existing, set())
+            if gone:
                 return Applied(state.name, "notReady",
-                               f"deleting {len(existing)} objects of the removed section")
-            return Applied(state.name, "ignore")
+                               f"deleting {gone} objects of the removed section")
+            return Applied(state.name, "ignore", "; ".join(left))
         try:
             objects = state.render(ctx, section, state.path)
         except RenderError as e:
@@ -176,26 +192,117 @@ class StateSync:
             res = resource_of(obj)
             wanted.add((res, key_of(obj)))
             cached = self.owned[res].store.get(key_of(obj))
-            revision = obj["metadata"]["annotations"][REVISION_ANNOTATION]
-            if cached is None or (cached["metadata"].get("annotations") or {}).get(
-                REVISION_ANNOTATION
-            ) != revision or not owned_by(cached, ctx.policy):
-                stored, recreated = await writes.apply(self.client, obj)
-                self.owned[res].assume(stored)
-                if recreated:
-                    await self.recorder.emit(ctx.policy, "Warning", "Recreated",
-                                             f"{state.name}: {recreated}")
-        stale = [(res, o) for res, o in existing if (res, key_of(o)) not in wanted]
-        for res, obj in stale:
-            await writes.delete(self.client, res, obj)
-        if stale:
-            return Applied(state.name, "notReady", f"deleting {len(stale)} stale objects")
+            if self._up_to_date(res, cached, obj, ctx.policy):
+                continue
+            if cached is not None and res in WORKLOADS:
+                await self._keep_running_pods(state, ctx, obj, cached)
+            stored, recreated = await writes.apply(self.client, obj)
+            if res == CRD:
+                stored = await self._release_from_policy(stored, ctx.policy)
+            self.owned[res].assume(stored)
+            if recreated:
+                await self.recorder.emit(ctx.policy, "Warning", "Recreated",
+                                         f"{state.name}: {recreated}")
+        gone, left = await self._remove(state, ctx, existing, wanted)
+        if gone:
+            return Applied(state.name, "notReady", f"deleting {gone} stale objects")
         problems = [p for obj in objects if (p := self._not_ready(obj, ctx, unmanaged))]
         # What nicop does not do for this section is said whether or not it is ready.
         gaps = state.unsupported(section, state.path) if isinstance(state, PartialState) else []
         if problems:
-            return Applied(state.name, "notReady", "; ".join(problems + gaps))
-        return Applied(state.name, "ready", "; ".join(gaps))
+            return Applied(state.name, "notReady", "; ".join(problems + gaps + left))
+        return Applied(state.name, "ready", "; ".join(gaps + left))
+
+    @staticmethod
+    def _up_to_date(res: Resource, cached: Obj | None, obj: Obj, policy: Obj) -> bool:
+        """The cached object holds this rendering (its revision) and, but for a CRD (which
+        never goes with the policy), names the policy as its owner."""
+        if cached is None:
+            return False
+        revision = (cached["metadata"].get("annotations") or {}).get(REVISION_ANNOTATION)
+        if revision != obj["metadata"]["annotations"][REVISION_ANNOTATION]:
+            return False
+        return res == CRD or owned_by(cached, policy)
+
+    async def _keep_running_pods(self, state: State, ctx: Context, obj: Obj,
+                                 cached: Obj) -> None:
+        """Write the running pod template back instead of the rendered one when the two
+        differ only in what restarts no pod (labels, annotations, probes, API defaults):
+        adopting another operator's workload, or a rendering that changed in form only,
+        replaces no pod and reloads no driver. Compared as the API server would store the
+        write (a dry run), so defaults count as what they are."""
+        try:
+            planned = await self.client.apply(obj, dry_run=True)
+        except (ApiError, OSError):
+            return  # the write itself says what is wrong (or recreates a selector)
+        running = cached["spec"]["template"]
+        if substance(planned["spec"]["template"]) != substance(running):
+            return
+        kept = copy.deepcopy(running)
+        (kept.get("metadata") or {}).pop("creationTimestamp", None)
+        obj["spec"]["template"] = kept
+        if planned["spec"]["template"] != running:
+            where = writes.describe(obj)
+            log.info("%s: kept the running pod template; the rendered one differs only in "
+                     "labels, annotations or probes", where,
+                     extra=_about(ctx))
+            await self.recorder.emit(
+                ctx.policy, "Normal", "PodsKept",
+                f"{state.name}: {where} keeps its running pod template: the policy changes "
+                "only labels, annotations or probes there, which restarts no pod; they take "
+                "effect with the next change of what its containers run")
+
+    async def _release_from_policy(self, crd: Obj, policy: Obj) -> Obj:
+        """A CRD does not go with the policy: garbage collection of the policy would take
+        every custom resource of the kind with it (upstream owns its CRDs by the policy)."""
+        if not owned_by(crd, policy):
+            return crd
+        refs = [r for r in crd["metadata"].get("ownerReferences") or []
+                if r.get("uid") != policy["metadata"]["uid"]]
+        return await self.client.patch(CRD, crd["metadata"]["name"],
+                                       {"metadata": {"ownerReferences": refs or None}})
+
+    async def _remove(self, state: State, ctx: Context, existing: list[tuple[Resource, Obj]],
+                      wanted: set[tuple[Resource, str]]) -> tuple[int, list[str]]:
+        """Delete the state's objects nicop made and no longer renders; keep, and name, those
+        that hold data or that another operator made. Returns how many went and what stays."""
+        gone, left = 0, []
+        for res, obj in existing:
+            if (res, key_of(obj)) in wanted:
+                continue
+            what = writes.describe(obj)
+            if res == CRD and obj["metadata"]["name"] in OWN_CRDS:
+                await self._adopt_own_crd(state, ctx, obj)
+            elif res in HOLDS_DATA:
+                if res == CRD:
+                    obj = await self._release_from_policy(obj, ctx.policy)
+                    self.owned[res].assume(obj)
+                left.append(f"{what} is kept: nicop never deletes what holds data (a CRD's "
+                            "custom resources, a volume's files); delete it yourself once "
+                            "unused")
+            elif not made_by_nicop(obj):
+                left.append(f"{what} is left in place: another operator made it and nicop "
+                            "does not render it; delete it yourself once unused")
+            else:
+                await writes.delete(self.client, res, obj)
+                gone += 1
+        return gone, left
+
+    async def _adopt_own_crd(self, state: State, ctx: Context, crd: Obj) -> None:
+        """One of nicop's own CRDs that a state of another operator labelled and owned: it
+        becomes a plain nicop CRD, no state's object and not owned by the policy."""
+        meta = crd["metadata"]
+        refs = [r for r in meta.get("ownerReferences") or []
+                if r.get("uid") != ctx.policy["metadata"]["uid"]]
+        await self.client.patch(CRD, meta["name"], {"metadata": {
+            "labels": {STATE_LABEL: None, OWNER_LABEL: None},
+            "ownerReferences": refs or None}})
+        log.info("adopted %s from %s", writes.describe(crd), state.name,
+                 extra=_about(ctx))
+        await self.recorder.emit(
+            ctx.policy, "Normal", "Adopted",
+            f"{state.name}: {writes.describe(crd)} is one of nicop's own CRDs: kept, and no "
+            "longer owned by the policy, so deleting the policy keeps its custom resources")
 
     def _own(self, obj: Obj, state: State, ctx: Context, kind: Resource,
              co_owners: list[Obj]) -> None:
@@ -206,6 +313,8 @@ class StateSync:
         # Co-owners are hashed in, so one more or less rewrites the owner references.
         m.setdefault("annotations", {})[REVISION_ANNOTATION] = content_hash(
             [obj, [o["metadata"]["uid"] for o in others]] if others else obj)
+        if obj["kind"] == CRD.kind:
+            return  # a CRD never goes with the policy (see _release_from_policy)
         m["ownerReferences"] = [owner_reference(kind, ctx.policy), *(
             owner_reference(kind, o, controller=False) for o in others)]
 
@@ -283,6 +392,12 @@ class StateSync:
                         reason += " (waiting for the driver container to be ready)"
                     break
         return "; ".join([reason, *unmanaged])
+
+
+def _about(ctx: Context) -> dict[str, str]:
+    """The log fields naming the policy the objects are rendered for."""
+    kind = "NicNodePolicy" if ctx.node_policy else NIC_CLUSTER_POLICY.kind
+    return logs.about(kind, ctx.policy["metadata"]["name"])
 
 
 def build_status(policy: Obj, states: Sequence[State], applied: list[Applied],

@@ -64,6 +64,7 @@ from nicop.kube.resources import NIC_CLUSTER_POLICY as NCP
 from nicop.kube.times import parse, stamp, utcnow
 from nicop.operator import metrics
 from nicop.operator.node_policy import NNP, selects
+from nicop.operator.templates import what_runs
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,9 @@ class NodeView:
     pod: Obj | None  # None while the driver pod is being replaced
     in_sync: bool
     pool: str = OWNER_VALUE  # whose driver pool: NicClusterPolicy or nnp-<name>
+    # The DaemonSet's current revision, when the pod runs an older one that runs the same
+    # driver (see UpgradeController._relabel).
+    relabel: str | None = None
     # Read once: every reconcile looks at every node's state several times.
     name: str = field(init=False)
     labels: dict[str, str] = field(init=False)
@@ -222,6 +226,8 @@ class UpgradeController:
         self._pools: dict[str, str] = {}  # node -> the pool its driver pod was last seen in
         self._view_cache: dict[str, NodeView] = {}  # by node name, see _views
         self._revisions_seen: dict[str, str] = {}
+        # What each revision's driver runs, by (DaemonSet uid, revision hash).
+        self._runs: dict[tuple[str, str], Obj] = {}
         self.nodes = manager.informer(NODE)
         self.driver_pods = manager.informer(POD, namespace, label_selector=DRIVER_LABEL)
         self.revisions = manager.informer(CONTROLLER_REVISION, namespace,
@@ -257,6 +263,9 @@ class UpgradeController:
     async def reconcile(self, key: str) -> Result | None:
         plans = self._plans()
         views = self._views()
+        for view in views:
+            if view.relabel:
+                await self._relabel(view)
         await self.node_pods.keep(v.name for v in views
                                   if v.pool in plans and v.state in (WAIT_FOR_JOBS, DRAIN))
         # A pool without automatic upgrades: drop its state labels, uncordon what nicop cordoned.
@@ -325,7 +334,8 @@ class UpgradeController:
         most of a big cluster's nodes are the same objects each time."""
         current: dict[str, str] = {}  # DaemonSet uid -> hash of its newest revision
         newest: dict[str, int] = {}
-        for rev in self.revisions.store.items():
+        revisions = self.revisions.store.items()
+        for rev in revisions:
             for ref in rev["metadata"].get("ownerReferences") or []:
                 if rev.get("revision", 0) >= newest.get(ref["uid"], -1):
                     newest[ref["uid"]] = rev.get("revision", 0)
@@ -333,6 +343,11 @@ class UpgradeController:
                         "controller-revision-hash", "")
         if current != self._revisions_seen:
             self._revisions_seen, self._view_cache = current, {}
+            self._runs = {
+                (ref["uid"], (rev["metadata"].get("labels") or {}).get(
+                    "controller-revision-hash", "")):
+                what_runs(((rev.get("data") or {}).get("spec") or {}).get("template") or {})
+                for rev in revisions for ref in rev["metadata"].get("ownerReferences") or []}
         cache, self._view_cache = self._view_cache, {}
         pods = {(p.get("spec") or {}).get("nodeName"): p for p in self.driver_pods.store.items()}
         views = []
@@ -361,7 +376,12 @@ class UpgradeController:
         owner = next((r["uid"] for r in pod["metadata"].get("ownerReferences") or []
                       if r.get("kind") == "DaemonSet"), None)
         pod_hash = (pod["metadata"].get("labels") or {}).get("controller-revision-hash")
-        return NodeView(node, pod, owner is not None and pod_hash == current.get(owner), pool)
+        newest = current.get(owner or "")
+        if owner is None or pod_hash == newest:
+            return NodeView(node, pod, owner is not None, pool)
+        ran = self._runs.get((owner, pod_hash or ""))
+        same = ran is not None and ran == self._runs.get((owner, newest or ""))
+        return NodeView(node, pod, same, pool, relabel=newest if same else None)
 
     async def _step(self, view: NodeView, plan: Plan) -> bool:
         """Move one node at most one state; True when it moved."""
@@ -510,6 +530,26 @@ class UpgradeController:
         updated = await self.client.patch(NODE, view.name, body)
         self.nodes.assume(updated)
         view.update(updated)
+
+    async def _relabel(self, view: NodeView) -> None:
+        """The DaemonSet's template changed, but not in what the driver container runs (only
+        labels, annotations, probes, placement): the pod is marked as of the current revision
+        instead of being restarted, which would reload the driver. The DaemonSet then counts
+        it as updated, as `kubectl rollout status` and the policy's readiness read it."""
+        assert view.pod is not None and view.relabel is not None
+        meta = view.pod["metadata"]
+        try:
+            pod = await self.client.patch(POD, meta["name"], {"metadata": {"labels": {
+                "controller-revision-hash": view.relabel}}}, meta.get("namespace"))
+        except ApiError as e:
+            if e.code != 404:  # a pod gone meanwhile needs no label
+                raise
+            return
+        self.driver_pods.assume(pod)
+        view.relabel = None
+        log.info("driver pod %s runs the same driver as revision %s: marked current, not "
+                 "restarted", meta["name"], pod["metadata"]["labels"]["controller-revision-hash"],
+                 extra=logs.about("Node", view.name))
 
     async def _clean_up(self, view: NodeView) -> None:
         """Upgrades off for the node's pool: drop its state label, uncordon it if nicop

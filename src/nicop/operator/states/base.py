@@ -7,6 +7,7 @@ new component is one new module with one `render` function.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -24,6 +25,9 @@ from nicop.api.agents import (
 )
 from nicop.api.labels import (
     CONFIG_HASH_ANNOTATION,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+    MELLANOX_LABEL,
     MOFED_WAIT_LABEL,
     OWNER_VALUE,
 )
@@ -164,7 +168,7 @@ def pull_secrets(ctx: Context, spec: Obj) -> list[Obj]:
 def metadata(
     ctx: Context, name: str, labels: dict[str, str] | None = None, namespaced: bool = True
 ) -> Obj:
-    m: Obj = {"name": name, "labels": {"app.kubernetes.io/managed-by": "nicop", **(labels or {})}}
+    m: Obj = {"name": name, "labels": {MANAGED_BY_LABEL: MANAGED_BY_VALUE, **(labels or {})}}
     if namespaced:
         m["namespace"] = ctx.namespace
     return m
@@ -225,19 +229,39 @@ def container(
     *,
     mounts: list[Obj] | None = None,
     privileged: bool = False,
+    default_resources: Obj | None = None,
+    pull_policy: str | None = "IfNotPresent",
     **extra: Any,
 ) -> Obj:
-    """A container; the section's `containerResources` entry of the same name sets resources."""
-    c: Obj = {"name": name, "image": image_name, "imagePullPolicy": "IfNotPresent"}
-    for res in section.get("containerResources") or []:
-        if res.get("name") == name:
-            c["resources"] = {k: res[k] for k in ("requests", "limits") if res.get(k)}
+    """A container; the section's `containerResources` entry of the same name sets resources.
+
+    `default_resources` are upstream's for the container, which its manifests give only when
+    the section lists no containerResources at all (an entry for another container leaves
+    this one without), and nicop renders the same."""
+    c: Obj = {"name": name, "image": image_name}
+    if pull_policy:
+        c["imagePullPolicy"] = pull_policy
+    given = section.get("containerResources") or []
+    entry = next((r for r in given if r.get("name") == name), None)
+    if entry is not None:
+        c["resources"] = {k: entry[k] for k in ("requests", "limits") if entry.get(k)}
+    elif not given and default_resources:
+        c["resources"] = default_resources
     if mounts:
         c["volumeMounts"] = mounts
     if privileged:
         c["securityContext"] = {"privileged": True}
     c.update(extra)
     return c
+
+
+def resources(cpu: str, memory: str, cpu_limit: str | None = None,
+              memory_limit: str | None = None) -> Obj:
+    """Requests, and limits when given (upstream's defaults spell both)."""
+    out: Obj = {"requests": {"cpu": cpu, "memory": memory}}
+    if cpu_limit or memory_limit:
+        out["limits"] = {"cpu": cpu_limit or cpu, "memory": memory_limit or memory}
+    return out
 
 
 def agent_container(
@@ -288,7 +312,7 @@ def daemonset(
     volumes: list[Obj] | None = None,
     service_account_name: str | None = None,
     host_network: bool = True,
-    config: Any = None,
+    config: str | None = None,
     labels: dict[str, str] | None = None,
     update_strategy: str = "RollingUpdate",
     managed_only: bool = True,
@@ -296,29 +320,34 @@ def daemonset(
     init_containers: list[Obj] | None = None,
     selector: dict[str, str] | None = None,
     pod_labels: dict[str, str] | None = None,
+    priority_class: str | None = None,
+    grace_period: int | None = None,
 ) -> Obj:
-    """A node DaemonSet with the policy's tolerations, nodeAffinity and pull secrets.
+    """A node DaemonSet in upstream's shape: the policy's tolerations (then upstream's GPU
+    toleration), nodeAffinity and pull secrets; a nodeSelector and priority class only where
+    upstream's manifest has them. For a running upstream install nicop then renders the pod
+    template upstream rendered, and takes it over without replacing a pod.
 
-    `managed_only` keeps it to nodes nicop manages (they carry the mofed.wait label). `config`,
-    when given, is hashed onto the pod template so a config change rolls the pods. `selector`
-    is upstream's `spec.selector.matchLabels` (immutable: it must equal upstream's for nicop to
-    take over its DaemonSet); the pods carry it, `app` and `pod_labels`.
+    `managed_only` keeps it off nodes that opted out of nicop: with opt-in labels in use, its
+    pods need mofed.wait, which only managed nodes carry (without them the policy's affinity
+    selects, as upstream's). `config` (a section's config string) is hashed onto the pod
+    template as upstream hashes it, so a config change rolls the pods. `selector` is upstream's
+    `spec.selector.matchLabels` (immutable: it must equal upstream's for nicop to take over its
+    DaemonSet); the pods carry it, `app` and `pod_labels`.
     """
     match = selector or {"app": app}
     pod_labels = {**match, "app": app, **(pod_labels or {}), **(labels or {})}
-    annotations = {CONFIG_HASH_ANNOTATION: content_hash(config)} if config is not None else {}
-    pod: Obj = {
-        "hostNetwork": host_network,
-        "priorityClassName": "system-node-critical",
-        "nodeSelector": {"kubernetes.io/os": "linux", **(node_selector or {}),
-                         **ctx.node_selector},
-        "tolerations": tolerations if tolerations is not None else [
-            *(ctx.spec.get("tolerations") or []), GPU_TOLERATION],
-        "containers": containers,
-    }
+    pod: Obj = {"hostNetwork": True} if host_network else {}
+    if priority_class:
+        pod["priorityClassName"] = priority_class
+    if selected := {**(node_selector or {}), **ctx.node_selector}:
+        pod["nodeSelector"] = selected
+    pod["tolerations"] = tolerations if tolerations is not None else [
+        *(ctx.spec.get("tolerations") or []), GPU_TOLERATION]
+    pod["containers"] = containers
     if init_containers:
         pod["initContainers"] = init_containers
-    if affinity := node_affinity(ctx, managed_only):
+    if affinity := node_affinity(ctx, managed_only and ctx.opt_in_used):
         pod["affinity"] = {"nodeAffinity": affinity}
     if volumes:
         pod["volumes"] = volumes
@@ -326,9 +355,11 @@ def daemonset(
         pod["serviceAccountName"] = service_account_name
     if secrets := pull_secrets(ctx, section):
         pod["imagePullSecrets"] = secrets
+    if grace_period is not None:
+        pod["terminationGracePeriodSeconds"] = grace_period
     template_meta: Obj = {"labels": pod_labels}
-    if annotations:
-        template_meta["annotations"] = annotations
+    if config is not None:
+        template_meta["annotations"] = {CONFIG_HASH_ANNOTATION: config_hash(config)}
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -341,25 +372,40 @@ def daemonset(
     }
 
 
+def config_hash(config: str) -> str:
+    """Upstream's config hash: base64 of the SHA-256 of the section's config string."""
+    return base64.b64encode(hashlib.sha256(config.encode()).digest()).decode()
+
+
+# Upstream's cluster-level Deployments tolerate and prefer the control plane's nodes.
+MASTER_TOLERATION = {"key": "node-role.kubernetes.io/master", "operator": "Exists",
+                     "effect": "NoSchedule"}
+CONTROL_PLANE_TOLERATION = {"key": "node-role.kubernetes.io/control-plane",
+                            "operator": "Exists", "effect": "NoSchedule"}
+
+
 def deployment(
     ctx: Context,
     name: str,
     section: Obj,
     containers: list[Obj],
     *,
+    tolerations: list[Obj],
     service_account_name: str | None = None,
     selector: dict[str, str] | None = None,
     pod_labels: dict[str, str] | None = None,
 ) -> Obj:
-    """A cluster-level Deployment, placed by deploymentTolerations/deploymentNodeAffinity;
-    `selector` is upstream's (immutable), carried by the pods with `pod_labels`."""
+    """A cluster-level Deployment in upstream's shape: cluster-critical, preferring control
+    plane nodes, `tolerations` (each manifest has its own order) then the policy's
+    deploymentTolerations, deploymentNodeAffinity added to the preference; `selector` is
+    upstream's (immutable), carried by the pods with `pod_labels`."""
     match = selector or {"app": name}
     pod: Obj = {
+        "priorityClassName": "system-cluster-critical",
         "containers": containers,
-        "tolerations": ctx.spec.get("deploymentTolerations") or [],
+        "tolerations": [*tolerations, *(ctx.spec.get("deploymentTolerations") or [])],
+        "affinity": {"nodeAffinity": control_plane_affinity(ctx)},
     }
-    if affinity := ctx.spec.get("deploymentNodeAffinity"):
-        pod["affinity"] = {"nodeAffinity": affinity}
     if service_account_name:
         pod["serviceAccountName"] = service_account_name
     if secrets := pull_secrets(ctx, section):
@@ -375,6 +421,20 @@ def deployment(
                          "spec": pod},
         },
     }
+
+
+def control_plane_affinity(ctx: Context) -> Obj:
+    """Upstream's: prefer master and control-plane nodes (weight 1 each), then the policy's
+    deploymentNodeAffinity preferences; its required terms as they are."""
+    given = ctx.spec.get("deploymentNodeAffinity") or {}
+    preferred = [{"weight": 1, "preference": {"matchExpressions": [
+        {"key": f"node-role.kubernetes.io/{role}", "operator": "In", "values": [""]}]}}
+        for role in ("master", "control-plane")]
+    affinity: Obj = {"preferredDuringSchedulingIgnoredDuringExecution": [
+        *preferred, *(given.get("preferredDuringSchedulingIgnoredDuringExecution") or [])]}
+    if required := given.get("requiredDuringSchedulingIgnoredDuringExecution"):
+        affinity["requiredDuringSchedulingIgnoredDuringExecution"] = required
+    return affinity
 
 
 def node_affinity(ctx: Context, managed_only: bool) -> Obj | None:
@@ -394,3 +454,12 @@ def node_affinity(ctx: Context, managed_only: bool) -> Obj | None:
 
 # Device plugins and telemetry wait for the driver container on their node.
 AFTER_DRIVER = {MOFED_WAIT_LABEL: "false"}
+# nicop's own agents run on Linux nodes only, at the node-critical priority.
+LINUX = {"kubernetes.io/os": "linux"}
+NODE_CRITICAL = "system-node-critical"
+
+
+def nic_nodes(ctx: Context) -> dict[str, str]:
+    """Upstream's selector of the nodes with a ConnectX NIC; with nicop's opt-in labels in use
+    a node may be managed without it (its components then select on mofed.wait alone)."""
+    return {} if ctx.opt_in_used else {MELLANOX_LABEL: "true"}

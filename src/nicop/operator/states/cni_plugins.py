@@ -3,17 +3,29 @@
 from __future__ import annotations
 
 from nicop.kube.resources import Obj
-from nicop.operator.states.base import Context, State, container, daemonset, host_path, image
+from nicop.operator.states.base import (
+    Context,
+    State,
+    container,
+    daemonset,
+    host_path,
+    image,
+    resources,
+)
+
+NAME = "cni-plugins"
 
 
 def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
+    """As upstream's manifests/state-container-networking-plugins/: on every node the policy's
+    affinity selects, with upstream's default resources."""
     volume, mount = host_path("cnibin", ctx.cni_bin_dir, "/host/opt/cni/bin")
     return [daemonset(
         ctx, "cni-plugins-ds", spec,
-        [container("cni-plugins", image(ctx, spec, path), spec, mounts=[mount],
-                   privileged=True)],
-        app="cni-plugins", volumes=[volume], managed_only=False,
-        selector={"name": "cni-plugins"}, pod_labels={"tier": "node"},
+        [container(NAME, image(ctx, spec, path), spec, mounts=[mount], privileged=True,
+                   default_resources=resources("100m", "50Mi", "100m", "50Mi"))],
+        app=NAME, volumes=[volume], managed_only=False,
+        selector={"name": NAME}, pod_labels={"tier": "node"},
     )]
 
 

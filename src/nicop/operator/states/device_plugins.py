@@ -10,6 +10,8 @@ from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
     AFTER_DRIVER,
     EVENTS_RULE,
+    LINUX,
+    NODE_CRITICAL,
     Context,
     agent_container,
     cluster_rbac,
@@ -19,8 +21,11 @@ from nicop.operator.states.base import (
     host_path,
     image,
     json_config,
+    nic_nodes,
     service_account,
 )
+
+HostDir = tuple[str, str, str | None]  # host path, mount path, hostPath type
 
 
 def device_plugin(
@@ -32,14 +37,17 @@ def device_plugin(
     container_name: str,
     app: str,
     config_map_name: str,
+    config_volume: str,
     config_dir: str,
-    host_dirs: dict[str, str],
+    host_dirs: dict[str, HostDir],
+    mount_order: list[str],
+    volume_order: list[str],
+    cdi_dirs: dict[str, HostDir],
     args: list[str],
     agent: str,
+    command: list[str] | None = None,
     selector: dict[str, str] | None = None,
     pod_labels: dict[str, str] | None = None,
-    host_types: dict[str, str] | None = None,
-    cdi_dirs: dict[str, tuple[str, str]] | None = None,
     service_account_name: str | None = None,
 ) -> list[Obj]:
     """The plugin's ConfigMap (from the section's JSON `config`) and its DaemonSet, which starts
@@ -47,46 +55,57 @@ def device_plugin(
     container runs nicop's `agent` command, on the same mounts and config file, as a
     ServiceAccount `name` that may record Events (a config file it cannot use).
 
-    `selector` is upstream's DaemonSet selector, `host_types` upstream's hostPath types by
-    volume, `cdi_dirs` the extra host directories (volume -> (host, mount)) upstream mounts with
-    `useCdi`, and `service_account_name` the ServiceAccount upstream runs the plugin as."""
+    Volumes and mounts come in upstream's orders (`mount_order`, `volume_order`, by volume
+    name, the config volume among them), `cdi_dirs` after them with `useCdi`; `selector` is
+    upstream's DaemonSet selector and `service_account_name` the ServiceAccount upstream runs
+    the plugin as. Without `config` nicop mounts no config volume (upstream's pod would wait
+    for a ConfigMap it does not render)."""
     config = json_config(spec, path)
-    objects = []
-    volumes, mounts = [], []
-    extra_dirs = {k: (v, v) for k, v in host_dirs.items()}
+    dirs = dict(host_dirs)
+    mount_names, volume_names = list(mount_order), list(volume_order)
     if spec.get("useCdi"):
-        extra_dirs.update(cdi_dirs or {})
-    for volume_name, (host, mount_path) in extra_dirs.items():
-        volume, mount = host_path(volume_name, host, mount_path,
-                                  type_=(host_types or {}).get(volume_name))
-        volumes.append(volume)
-        mounts.append(mount)
+        dirs.update(cdi_dirs)
+        mount_names += list(cdi_dirs)
+        volume_names += list(cdi_dirs)
+        args = [*args, "--use-cdi"]
+    objects = []
+    volumes: dict[str, Obj] = {}
+    mounts: dict[str, Obj] = {}
+    for volume_name, (host, mount_path, type_) in dirs.items():
+        volumes[volume_name], mounts[volume_name] = host_path(volume_name, host, mount_path,
+                                                              type_=type_)
     if config is not None:
         objects.append(config_map(ctx, config_map_name, {"config.json": spec["config"]}))
-        volumes.append({"name": "config", "configMap": {"name": config_map_name, "items": [
-            {"key": "config.json", "path": "config.json"}]}})
-        mounts.append({"name": "config", "mountPath": config_dir})
-    if spec.get("useCdi"):
-        args = [*args, "--use-cdi"]
+        volumes[config_volume] = {"name": config_volume, "configMap": {
+            "name": config_map_name, "items": [{"key": "config.json", "path": "config.json"}]}}
+        mounts[config_volume] = {"name": config_volume, "mountPath": config_dir}
+    ordered_mounts = [mounts[n] for n in mount_names if n in mounts]
+    ordered_volumes = [volumes[n] for n in volume_names if n in volumes]
     account = service_account_name
     if account:
         objects.append(service_account(ctx, account))
+    node_selector = {**nic_nodes(ctx), **AFTER_DRIVER}
     if uses_nicop(spec):
         # Upstream's arguments (--use-cdi, --log-dir, ...): nicop's agents take them alike.
         extra: dict[str, Any] = {"args": args} if args else {}
-        plugin = agent_container(ctx, container_name, spec, [agent], mounts=mounts,
+        plugin = agent_container(ctx, container_name, spec, [agent], mounts=ordered_mounts,
                                  metrics_port=METRICS_PORTS[agent], **extra)
         if account is None:
             account = name
             objects.append(service_account(ctx, name))
         objects += cluster_rbac(ctx, account, [EVENTS_RULE])
+        node_selector.update(LINUX)
     else:
-        plugin = container(container_name, image(ctx, spec, path), spec, mounts=mounts,
-                           privileged=True, args=args)
+        extra = {"command": command} if command else {}
+        if args:
+            extra["args"] = args
+        plugin = container(container_name, image(ctx, spec, path), spec, mounts=ordered_mounts,
+                           privileged=True, **extra)
     objects.append(daemonset(
         ctx, name, spec, [plugin],
-        app=app, node_selector=AFTER_DRIVER, volumes=volumes, config=config,
-        service_account_name=account, selector=selector,
+        app=app, node_selector=node_selector, volumes=ordered_volumes,
+        config=spec["config"] if config is not None else None,
+        service_account_name=account, selector=selector, priority_class=NODE_CRITICAL,
         pod_labels={**(pod_labels or {}), OWNER_LABEL: ctx.owner},
     ))
     return objects

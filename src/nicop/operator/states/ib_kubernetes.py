@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
+    CONTROL_PLANE_TOLERATION,
+    GPU_TOLERATION,
+    MASTER_TOLERATION,
     Context,
     RenderError,
     State,
@@ -11,32 +14,49 @@ from nicop.operator.states.base import (
     container,
     deployment,
     image,
+    resources,
     service_account,
 )
 
 NAME = "ib-kubernetes"
 
 
+def field_ref(name: str, path: str) -> Obj:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
 def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
+    """As upstream's manifests/state-ib-kubernetes/: one replica, replaced (never two at once:
+    both would program the same PKeys), on the host network."""
     for field in ("pKeyGUIDPoolRangeStart", "pKeyGUIDPoolRangeEnd", "ufmSecret"):
         if not spec.get(field):
             raise RenderError(f"{path}.{field}", "is required")
     secret = spec["ufmSecret"]
     env = [
+        field_ref("K8S_NODE", "spec.nodeName"),
+        field_ref("POD_NAMESPACE", "metadata.namespace"),
+        field_ref("POD_UID", "metadata.uid"),
         {"name": "DAEMON_SM_PLUGIN", "value": "ufm"},
         {"name": "DAEMON_PERIODIC_UPDATE", "value": str(spec.get("periodicUpdateSeconds", 5))},
         {"name": "GUID_POOL_RANGE_START", "value": spec["pKeyGUIDPoolRangeStart"]},
         {"name": "GUID_POOL_RANGE_END", "value": spec["pKeyGUIDPoolRangeEnd"]},
     ] + [
         {"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key,
-                                                     "optional": key not in required}}}
-        for key, required in (
-            ("UFM_USERNAME", ("UFM_USERNAME", "UFM_PASSWORD")),
-            ("UFM_PASSWORD", ("UFM_USERNAME", "UFM_PASSWORD")),
-            ("UFM_ADDRESS", ()), ("UFM_HTTP_SCHEMA", ()), ("UFM_PORT", ()),
-            ("UFM_CERTIFICATE", ()),
+                                                     **({"optional": True} if optional else {})}}}
+        for key, optional in (
+            ("UFM_USERNAME", False), ("UFM_PASSWORD", False), ("UFM_ADDRESS", False),
+            ("UFM_HTTP_SCHEMA", True), ("UFM_PORT", True), ("UFM_CERTIFICATE", True),
         )
     ]
+    deploy = deployment(
+        ctx, NAME, spec,
+        [container(NAME, image(ctx, spec, path), spec, command=["/ib-kubernetes"], env=env,
+                   default_resources=resources("100m", "300Mi"))],
+        tolerations=[MASTER_TOLERATION, CONTROL_PLANE_TOLERATION, GPU_TOLERATION],
+        service_account_name=NAME, selector={"name": NAME},
+        pod_labels={"component": "network", "type": "infra", "kubernetes.io/os": "linux"})
+    deploy["spec"]["strategy"] = {"type": "Recreate"}
+    deploy["spec"]["template"]["spec"]["hostNetwork"] = True
     return [
         service_account(ctx, NAME),
         *cluster_rbac(ctx, NAME, [
@@ -45,11 +65,7 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
             {"apiGroups": ["k8s.cni.cncf.io"], "resources": ["network-attachment-definitions"],
              "verbs": ["get", "list", "watch"]},
         ]),
-        deployment(ctx, NAME, spec,
-                   [container(NAME, image(ctx, spec, path), spec, env=env)],
-                   service_account_name=NAME, selector={"name": NAME},
-                   pod_labels={"component": "network", "type": "infra",
-                               "kubernetes.io/os": "linux"}),
+        deploy,
     ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
+    NODE_CRITICAL,
     Context,
     State,
     cluster_rbac,
@@ -12,6 +13,7 @@ from nicop.operator.states.base import (
     daemonset,
     host_path,
     image,
+    resources,
     service_account,
 )
 
@@ -27,7 +29,8 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
         {"apiGroups": ["", "events.k8s.io"], "resources": ["events"],
          "verbs": ["create", "patch", "update"]},
     ])]
-    cni_conf, cni_conf_mount = host_path("cni", ctx.cni_network_dir, "/host/etc/cni/net.d")
+    cni_conf, cni_conf_mount = host_path("cninetwork", ctx.cni_network_dir,
+                                         "/host/etc/cni/net.d")
     cni_bin, cni_bin_mount = host_path("cnibin", ctx.cni_bin_dir, "/host/opt/cni/bin")
     volumes, mounts = [cni_conf, cni_bin], [cni_conf_mount, cni_bin_mount]
     conf_file = "auto"
@@ -42,11 +45,15 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
     ref = image(ctx, spec, path)
     # The thin plugin: an init container copies the multus binary onto the host, the daemon
     # writes the configuration that points the runtime at it (upstream's
-    # manifests/state-multus-cni/0050-multus-ds.yml).
+    # manifests/state-multus-cni/0050-multus-ds.yml, whose containers run as root and set
+    # no pull policy).
+    as_root = {"privileged": True, "runAsUser": 0}
     install = container(
-        "install-multus-binary", ref, spec, privileged=True,
+        "install-multus-binary", ref, {}, pull_policy=None,
         mounts=[{**cni_bin_mount, "mountPropagation": "Bidirectional"}],
-        command=["/install_multus"], args=["--type", "thin"])
+        command=["/install_multus"], args=["--type", "thin"],
+        resources={"requests": {"cpu": "10m", "memory": "15Mi"}},
+        securityContext=as_root, terminationMessagePolicy="FallbackToLogsOnError")
     args = [
         f"--multus-conf-file={conf_file}",
         "--multus-autoconfig-dir=/host/etc/cni/net.d",
@@ -58,11 +65,13 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
     ]
     objects.append(daemonset(
         ctx, "kube-multus-ds", spec,
-        [container("kube-multus", ref, spec, mounts=mounts, privileged=True,
-                   command=["/thin_entrypoint"], args=args)],
-        app="multus", volumes=volumes, service_account_name=NAME, config=config,
-        managed_only=False, init_containers=[install],
-        selector={"name": "multus"}, pod_labels={"tier": "node"},
+        [container("kube-multus", ref, spec, mounts=mounts, pull_policy=None,
+                   command=["/thin_entrypoint"], args=args,
+                   default_resources=resources("100m", "50Mi", "100m", "50Mi"),
+                   securityContext=as_root, terminationMessagePolicy="FallbackToLogsOnError")],
+        app="multus", volumes=volumes, service_account_name=NAME, config=config or None,
+        managed_only=False, init_containers=[install], priority_class=NODE_CRITICAL,
+        grace_period=10, selector={"name": "multus"}, pod_labels={"tier": "node"},
     ))
     return objects
 

@@ -8,6 +8,10 @@ from __future__ import annotations
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
     AFTER_DRIVER,
+    CONTROL_PLANE_TOLERATION,
+    GPU_TOLERATION,
+    MASTER_TOLERATION,
+    NODE_CRITICAL,
     Context,
     cluster_rbac,
     config_map,
@@ -106,21 +110,15 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
         readinessProbe={"httpGet": {"path": "/readyz", "port": 8081},
                         "initialDelaySeconds": 5, "periodSeconds": 10},
         mounts=operator_mounts or None), OPERATOR_RESOURCES)
-    deploy = deployment(ctx, NAME, operator, [manager], service_account_name=NAME)
+    deploy = deployment(ctx, NAME, operator, [manager], service_account_name=NAME,
+                        tolerations=[MASTER_TOLERATION, CONTROL_PLANE_TOLERATION,
+                                     GPU_TOLERATION])
     deploy["metadata"]["labels"].update(OPERATOR_SELECTOR)
     deploy["spec"]["selector"] = {"matchLabels": OPERATOR_SELECTOR}
     pod_meta = deploy["spec"]["template"]["metadata"]
     pod_meta["labels"] = dict(OPERATOR_SELECTOR)
     pod_meta["annotations"] = {"kubectl.kubernetes.io/default-container": "manager"}
     pod = deploy["spec"]["template"]["spec"]
-    pod["tolerations"] = [
-        {"key": "node-role.kubernetes.io/master", "operator": "Exists", "effect": "NoSchedule"},
-        {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
-         "effect": "NoSchedule"},
-        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-        *(ctx.spec.get("deploymentTolerations") or [])]
-    if affinity := ctx.spec.get("deploymentNodeAffinity") or ctx.spec.get("nodeAffinity"):
-        pod["affinity"] = {"nodeAffinity": affinity}
     pod["securityContext"] = {"fsGroup": 65532, "runAsNonRoot": True}
     pod["terminationGracePeriodSeconds"] = 10
     if volumes:
@@ -139,20 +137,15 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
         mounts=[m for _, m in host] + daemon_mounts, privileged=True, env=node_env),
         DAEMON_RESOURCES)
     ds = daemonset(ctx, DAEMON, daemon, [agent], app=DAEMON, node_selector=AFTER_DRIVER,
-                   volumes=[v for v, _ in host] + volumes, service_account_name=NAME)
+                   volumes=[v for v, _ in host] + volumes, service_account_name=NAME,
+                   priority_class=NODE_CRITICAL, grace_period=10, managed_only=False)
     ds["metadata"]["labels"].update(DAEMON_SELECTOR)
     ds["spec"]["selector"] = {"matchLabels": DAEMON_SELECTOR}
     ds["spec"]["template"]["metadata"] = {
         "labels": {"nvidia.com/nic-configuration-daemon": "", **DAEMON_SELECTOR},
         "annotations": {"kubectl.kubernetes.io/default-container": DAEMON}}
     pod = ds["spec"]["template"]["spec"]
-    pod["nodeSelector"] = dict(AFTER_DRIVER)
-    pod["hostPID"] = True
-    pod["terminationGracePeriodSeconds"] = 10
-    if affinity := ctx.spec.get("nodeAffinity"):
-        pod["affinity"] = {"nodeAffinity": affinity}
-    else:
-        pod.pop("affinity", None)
+    ds["spec"]["template"]["spec"]["hostPID"] = True
     objects.append(ds)
     return objects
 

@@ -181,11 +181,6 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
         pod_spec: Obj = {
             "priorityClassName": "system-node-critical",
             "tolerations": [*(ctx.spec.get("tolerations") or []), GPU_TOLERATION],
-            "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
-                "labelSelector": {"matchExpressions": [
-                    {"key": DRIVER_LABEL, "operator": "Exists"}]},
-                "topologyKey": "kubernetes.io/hostname",
-            }]}},
             "serviceAccountName": NAME,
             "hostNetwork": True,
         }
@@ -213,8 +208,15 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
             for term in terms:
                 term.setdefault("matchExpressions", []).append(
                     {"key": MOFED_WAIT_LABEL, "operator": "Exists"})
-        if node_affinity:
-            pod_spec["affinity"]["nodeAffinity"] = node_affinity
+        # Upstream's manifest gives one driver pod per node by pod anti-affinity, and replaces
+        # that with the policy's nodeAffinity when there is one (the template's later
+        # `affinity` key wins); nicop renders the same, so a taken-over DaemonSet keeps its
+        # template. Two driver DaemonSets selecting one node are a conflict nicop reports.
+        pod_spec["affinity"] = {"nodeAffinity": node_affinity} if node_affinity else {
+            "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+                "labelSelector": {"matchExpressions": [
+                    {"key": DRIVER_LABEL, "operator": "Exists"}]},
+                "topologyKey": "kubernetes.io/hostname"}]}}
         # A NicNodePolicy's pools add the hash of its name, as upstream's.
         app = pool_name(os_id, os_version, kernel) + ctx.name_hash_suffix
         objects.append({
@@ -242,28 +244,30 @@ def init_container(ctx: Context, spec: Obj, ref: str) -> Obj:
         "args": ["--node-name", "$(NODE_NAME)", "--configmap-name", INIT_CONFIG_MAP,
                  "--configmap-namespace", ctx.namespace, "--configmap-key", "config.json"],
         "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-                *(spec.get("env") or [])],
+                *driver_env(spec, False)],
         "volumeMounts": [{"name": name, "mountPath": mount, "readOnly": True}
                          for name, _, mount in INIT_MOUNTS],
     }
 
 
 def driver_env(spec: Obj, nicop: bool) -> list[Obj]:
-    """Upstream's defaults, then the section's `env` (which wins over a default of the same
-    name); nicop's agent also reads its version and node from here."""
+    """The section's `env` with upstream's defaults it does not set: after it, as upstream
+    appends them to the section's env (so the init container gets them too). nicop's agent
+    also reads its version and node from here, its defaults first (as nicop always rendered
+    them: a reordering would read as a new driver)."""
     given = spec.get("env") or []
     names = {e.get("name") for e in given}
-    env: list[Obj] = [e for e in (
+    defaults: list[Obj] = [
         {"name": "CREATE_IFNAMES_UDEV", "value": "true"},
         {"name": "NVIDIA_NIC_DRIVERS_INVENTORY_PATH", "value": "/mnt/drivers-inventory"},
-    ) if e["name"] not in names]
-    if nicop:
-        own: list[Obj] = [
-            {"name": "NVIDIA_NIC_DRIVER_VER", "value": str(spec.get("version", ""))},
-            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-        ]
-        env += [e for e in own if e["name"] not in names]
-    return [*env, *given]
+    ]
+    if not nicop:
+        return [*given, *(e for e in defaults if e["name"] not in names)]
+    defaults += [
+        {"name": "NVIDIA_NIC_DRIVER_VER", "value": str(spec.get("version", ""))},
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+    ]
+    return [*(e for e in defaults if e["name"] not in names), *given]
 
 
 def driver_container(ctx: Context, spec: Obj, path: str, mounts: list[Obj],

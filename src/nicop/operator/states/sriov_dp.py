@@ -10,25 +10,31 @@ NAME = "network-operator-sriov-device-plugin"
 
 
 def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
-    """For a NicNodePolicy, upstream names the DaemonSet by the policy's name hash and the
-    ConfigMap by its name; the ServiceAccount is shared."""
+    """As upstream's manifests/state-sriov-device-plugin/. For a NicNodePolicy, upstream names
+    the DaemonSet by the policy's name hash and the ConfigMap by its name; the ServiceAccount
+    is shared."""
     name = f"{NAME}{ctx.name_hash_suffix}"
     return device_plugin(
         ctx, spec, path, name=name,
         container_name="kube-sriovdp", app="sriovdp",
         config_map_name=f"network-operator-sriovdp-config{ctx.name_suffix}",
-        config_dir="/etc/pcidp",
-        host_dirs={"devicesock": "/var/lib/kubelet/device-plugins",
-                   "plugins-registry": "/var/lib/kubelet/plugins_registry",
-                   "log": "/var/log", "device-info": "/var/run/k8s.cni.cncf.io/devinfo/dp"},
+        config_volume="config-volume", config_dir="/etc/pcidp",
+        host_dirs={"devicesock": ("/var/lib/kubelet/device-plugins",
+                                  "/var/lib/kubelet/device-plugins", None),
+                   "plugins-registry": ("/var/lib/kubelet/plugins_registry",
+                                        "/var/lib/kubelet/plugins_registry", None),
+                   "log": ("/var/log", "/var/log", None),
+                   "device-info": ("/var/run/k8s.cni.cncf.io/devinfo/dp",
+                                   "/var/run/k8s.cni.cncf.io/devinfo/dp",
+                                   "DirectoryOrCreate")},
+        mount_order=["devicesock", "plugins-registry", "log", "config-volume", "device-info"],
+        volume_order=["devicesock", "plugins-registry", "log", "device-info", "config-volume"],
+        # With CDI the plugin writes its specs and reads the host's /etc/pcidp.
+        cdi_dirs={"dynamic-cdi": ("/var/run/cdi", "/var/run/cdi", "DirectoryOrCreate"),
+                  "host-config-volume": ("/etc/pcidp", "/host/etc/pcidp/",
+                                         "DirectoryOrCreate")},
         args=["--log-dir=sriovdp", "--log-level=10"], agent="sriov-device-plugin",
         selector={"name": name}, pod_labels={"tier": "node"}, service_account_name=NAME,
-        host_types={"device-info": "DirectoryOrCreate", "dynamic-cdi": "DirectoryOrCreate",
-                    "host-config-volume": "DirectoryOrCreate"},
-        # With CDI the plugin writes its specs and reads the host's /etc/pcidp, as upstream's
-        # manifests/state-sriov-device-plugin/0030-sriov-dp-daemonset.yaml mounts them.
-        cdi_dirs={"dynamic-cdi": ("/var/run/cdi", "/var/run/cdi"),
-                  "host-config-volume": ("/etc/pcidp", "/host/etc/pcidp/")},
     )
 
 
