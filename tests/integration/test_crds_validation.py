@@ -15,6 +15,7 @@ import pytest
 import yaml
 from lightkube import ApiError, Client
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+from tests.unit.test_ipam_upstream_api import CIDRPOOL_CASES, CIDRPOOL_TABLES, IPPOOL_CASES
 from typer.testing import CliRunner
 
 from nicop.api.install import install_crds
@@ -421,3 +422,30 @@ def test_kubectl_finds_nads_by_their_short_name(
     out = run_kubectl(controlplane_bin, kubeconfig, "get", "net-attach-def", "-n", namespace,
                       "-o", "name")
     assert out.split() == ["networkattachmentdefinition.k8s.cni.cncf.io/short"]
+
+
+# Every case of nvidia-k8s-ipam's api/v1alpha1/ippool_test.go and cidrpool_test.go:
+# (kind, case, spec, field the API server names or None)
+POOL_CASES = [("IPPool", case, spec, api) for case, spec, _, api in IPPOOL_CASES] + \
+    [("CIDRPool", case, spec, api) for case, spec, _, api in CIDRPOOL_CASES] + \
+    [("CIDRPool", f"{table}: {case}", spec, api)
+     for table, case, spec, _, api in CIDRPOOL_TABLES]
+
+
+@pytest.mark.parametrize(("kind", "case", "spec", "api"), POOL_CASES,
+                         ids=[f"{k}:{c}"[:90] for k, c, _, _ in POOL_CASES])
+def test_upstream_pool_cases_in_the_api_server(create: Create, kind: str, case: str,
+                                               spec: dict[str, Any], api: str | None) -> None:
+    """Mellanox/nvidia-k8s-ipam api/v1alpha1/ippool_test.go, Describe "Validate", and
+    cidrpool_test.go, Describe "CIDRPool", the It or Entry named `case`: the specs nicop's CRD
+    refuses are refused naming the field; every other one is stored as sent (the valid ones,
+    and the invalid ones the controller refuses, see tests/unit/test_ipam_upstream_api.py)."""
+    obj = {"apiVersion": "nv-ipam.nvidia.com/v1alpha1", "kind": kind,
+           "metadata": {"name": "test"}, "spec": spec}
+    if api is None:
+        assert_contains(create(obj)["spec"], spec)
+        return
+    with pytest.raises(ApiError) as e:
+        create(obj)
+    assert e.value.status.code == 422
+    assert api in e.value.status.message, e.value.status.message

@@ -54,71 +54,79 @@ V4 = {"subnet": "192.168.0.0/16", "perNodeBlockSize": 128}
 V6 = {"subnet": "2001:db8:3333:4444::0/64"}
 
 
-@pytest.mark.parametrize(("case", "spec", "fields", "api"), [
+IPPOOL_CASES: list[tuple[str, dict[str, Any], list[str], str | None]] = [
     ("Valid", {**V4, "exclusions": ex(("192.168.0.100", "192.168.0.110")),
-               "gateway": "192.168.0.1", "nodeSelector": SELECTOR}, [], False),
+               "gateway": "192.168.0.1", "nodeSelector": SELECTOR}, [], None),
     ("Valid - ipv6", {**V6, "perNodeBlockSize": 1000, "gateway": "2001:db8:3333:4444::1",
                       "exclusions": ex(("2001:db8:3333:4444::3", "2001:db8:3333:4444::4"))},
-     [], False),
-    ("Valid - no NodeSelector", {**V4, "gateway": "192.168.0.1"}, [], False),
-    ("Valid - no Gateway", V4, [], False),
-    ("Empty object", {}, ["spec.subnet", "spec.perNodeBlockSize"], True),
+     [], None),
+    ("Valid - no NodeSelector", {**V4, "gateway": "192.168.0.1"}, [], None),
+    ("Valid - no Gateway", V4, [], None),
+    ("Empty object", {}, ["spec.subnet", "spec.perNodeBlockSize"], "spec.subnet"),
     ("Invalid - perNodeBlockSize is too large",
      {"subnet": "192.168.0.0/24", "perNodeBlockSize": 300, "gateway": "192.168.0.1"},
-     ["spec.perNodeBlockSize"], False),
+     ["spec.perNodeBlockSize"], None),
     ("Invalid - exclusions not part of the subnet",
      {"subnet": "192.168.0.0/24", "perNodeBlockSize": 10,
       "exclusions": ex(("10.10.10.10", "10.10.10.20"))},
-     ["spec.exclusions[0].startIP", "spec.exclusions[0].endIP"], False),
+     ["spec.exclusions[0].startIP", "spec.exclusions[0].endIP"], None),
     ("Invalid - gateway outside of the subnet", {**V4, "gateway": "10.0.0.1"}, ["spec.gateway"],
-     False),
+     None),
     ("Invalid - invalid NodeSelector", {**V4, "gateway": "192.168.0.1",
                                         "nodeSelector": BAD_SELECTOR},
-     ["spec.nodeSelector.nodeSelectorTerms[0].matchExpressions[0].operator"], True),
+     ["spec.nodeSelector.nodeSelectorTerms[0].matchExpressions[0].operator"],
+     "spec.nodeSelector.nodeSelectorTerms[0].matchExpressions[0].operator"),
     ("Invalid - no Gateway, defaultGateway true", {**V4, "defaultGateway": True},
-     ["spec.defaultGateway"], False),
+     ["spec.defaultGateway"], None),
     ("Valid - routes", {**V4, "gateway": "192.168.0.1",
-                        "routes": [{"dst": "5.5.0.0/16"}, {"dst": "10.7.1.0/24"}]}, [], False),
+                        "routes": [{"dst": "5.5.0.0/16"}, {"dst": "10.7.1.0/24"}]}, [], None),
     ("Invalid - routes without Gateway", {**V4, "routes": [{"dst": "5.5.0.0/16"}]},
-     ["spec.routes"], False),
+     ["spec.routes"], None),
     ("Invalid - routes not CIDR", {**V4, "routes": [{"dst": "5.5.0.0"}]},
-     ["spec.routes", "spec.routes[0].dst"], True),
+     ["spec.routes", "spec.routes[0].dst"], "spec.routes[0].dst"),
     ("Invalid - routes not same address family",
-     {**V4, "routes": [{"dst": "2001:db8:3333:4444::0/64"}]}, ["spec.routes[0].dst"], False),
+     {**V4, "routes": [{"dst": "2001:db8:3333:4444::0/64"}]}, ["spec.routes[0].dst"], None),
     ("Invalid - default routes with defaultGateway true - IPv6",
      {**V6, "perNodeBlockSize": 128, "defaultGateway": True, "routes": [{"dst": "::/0"}]},
-     ["spec.routes[0].dst"], False),
+     ["spec.routes[0].dst"], None),
     ("Invalid - default routes with defaultGateway true - IPv4",
      {**V4, "defaultGateway": True, "routes": [{"dst": "0.0.0.0/0"}]}, ["spec.routes[0].dst"],
-     False),
+     None),
     ("Valid - PerNodeExclusions", {**V4, "perNodeExclusions": idx((0, 10), (100, 127))}, [],
-     False),
+     None),
     ("Valid - PerNodeExclusions single index", {**V4, "perNodeExclusions": idx((5, 5))}, [],
-     False),
+     None),
     ("Valid - PerNodeExclusions max index", {**V4, "perNodeExclusions": idx((120, 127))}, [],
-     False),
+     None),
     ("Invalid - PerNodeExclusions negative startIndex",
-     {**V4, "perNodeExclusions": idx((-5, 20))}, ["spec.perNodeExclusions[0].startIndex"], True),
+     {**V4, "perNodeExclusions": idx((-5, 20))}, ["spec.perNodeExclusions[0].startIndex"],
+     "spec.perNodeExclusions[0].startIndex"),
     ("Invalid - PerNodeExclusions negative endIndex", {**V4, "perNodeExclusions": idx((5, -1))},
-     ["spec.perNodeExclusions[0].endIndex"], True),
+     ["spec.perNodeExclusions[0].endIndex"], "spec.perNodeExclusions[0].endIndex"),
     ("Invalid - PerNodeExclusions startIndex greater than endIndex",
-     {**V4, "perNodeExclusions": idx((25, 24))}, ["spec.perNodeExclusions[0]"], True),
+     {**V4, "perNodeExclusions": idx((25, 24))}, ["spec.perNodeExclusions[0]"],
+     "spec.perNodeExclusions[0]"),
     ("Invalid - PerNodeExclusions startIndex outside block range",
      {**V4, "perNodeExclusions": idx((128, 130))}, ["spec.perNodeExclusions[0].startIndex"],
-     False),
+     None),
     ("Invalid - PerNodeExclusions endIndex outside block range",
      {**V4, "perNodeExclusions": idx((120, 200))}, ["spec.perNodeExclusions[0].endIndex"],
-     False),
+     None),
     ("Valid - PerNodeExclusions IPv6",
-     {**V6, "perNodeBlockSize": 256, "perNodeExclusions": idx((0, 10), (250, 255))}, [], False),
+     {**V6, "perNodeBlockSize": 256, "perNodeExclusions": idx((0, 10), (250, 255))}, [], None),
     ("Invalid - PerNodeExclusions IPv6 outside range",
      {**V6, "perNodeBlockSize": 256, "perNodeExclusions": idx((0, 300))},
-     ["spec.perNodeExclusions[0].endIndex"], False),
-])
-def test_ippool_rules(case: str, spec: dict[str, Any], fields: list[str], api: bool) -> None:
+     ["spec.perNodeExclusions[0].endIndex"], None),
+]
+"""(It, spec, fields the controller names, field the API server names first or None)."""
+
+
+@pytest.mark.parametrize(("case", "spec", "fields", "api"), IPPOOL_CASES)
+def test_ippool_rules(case: str, spec: dict[str, Any], fields: list[str],
+                    api: str | None) -> None:
     """Mellanox/nvidia-k8s-ipam api/v1alpha1/ippool_test.go, Describe "Validate", the It named
     `case`: a valid spec is carved; an invalid one is refused naming each field at fault (with
-    `api`, nicop's CRD refuses it already)."""
+    `api`, nicop's CRD refuses it already, naming that field)."""
     _, problems = ippool_problems(spec)
     check(problems, fields)
     if not fields:
@@ -159,7 +167,7 @@ def test_ippool_problems_name_field_and_value() -> None:
 C4 = {"cidr": "192.168.0.0/16", "perNodeNetworkPrefix": 24}
 
 
-@pytest.mark.parametrize(("case", "spec", "fields", "api"), [
+CIDRPOOL_CASES: list[tuple[str, dict[str, Any], list[str], str | None]] = [
     ("Valid IPv4 pool", {**C4, "gatewayIndex": 100, "nodeSelector": SELECTOR,
                          "exclusions": ex(("192.168.0.10", "192.168.0.20"),
                                           ("192.168.0.25", "192.168.0.25")),
@@ -167,140 +175,154 @@ C4 = {"cidr": "192.168.0.0/16", "perNodeNetworkPrefix": 24}
                              {"nodeName": "node1", "prefix": "192.168.5.0/24",
                               "gateway": "192.168.5.10"},
                              {"nodeName": "node2", "prefix": "192.168.6.0/24"},
-                             {"prefix": "192.168.7.0/24"}]}, [], False),
+                             {"prefix": "192.168.7.0/24"}]}, [], None),
     ("Valid IPv6 pool", {"cidr": "fdf8:6aef:d1fe::/48", "perNodeNetworkPrefix": 120,
                          "gatewayIndex": 5, "nodeSelector": SELECTOR,
                          "exclusions": ex(("fdf8:6aef:d1fe::5", "fdf8:6aef:d1fe::5")),
                          "staticAllocations": [{"nodeName": "node1",
                                                 "prefix": "fdf8:6aef:d1fe::/120",
-                                                "gateway": "fdf8:6aef:d1fe::15"}]}, [], False),
+                                                "gateway": "fdf8:6aef:d1fe::15"}]}, [], None),
     ("Invalid - no gatewayIndex, defaultGateway true",
      {"cidr": "fdf8:6aef:d1fe::/48", "perNodeNetworkPrefix": 120, "defaultGateway": True},
-     ["spec.defaultGateway"], False),
+     ["spec.defaultGateway"], None),
     ("Valid - routes", {**C4, "gatewayIndex": 100,
-                        "routes": [{"dst": "5.5.0.0/16"}, {"dst": "10.7.1.0/24"}]}, [], False),
+                        "routes": [{"dst": "5.5.0.0/16"}, {"dst": "10.7.1.0/24"}]}, [], None),
     ("Invalid - routes not CIDR", {**C4, "gatewayIndex": 100, "routes": [{"dst": "5.5.0.0"}]},
-     ["spec.routes[0].dst"], True),
+     ["spec.routes[0].dst"], "spec.routes[0].dst"),
     ("Invalid - routes without GatewayIndex", {**C4, "routes": [{"dst": "5.5.0.0"}]},
-     ["spec.routes"], True),
+     ["spec.routes"], "spec.routes[0].dst"),
     ("Invalid - routes not same address family",
-     {**C4, "routes": [{"dst": "2001:db8:3333:4444::0/64"}]}, ["spec.routes"], False),
+     {**C4, "routes": [{"dst": "2001:db8:3333:4444::0/64"}]}, ["spec.routes"], None),
     ("PerNodeExclusions - IPv6 large subnet (ippool_test.go)",
      {"cidr": "fdf8:6aef:d1fe::/48", "perNodeNetworkPrefix": 64,
-      "perNodeExclusions": idx((0, 10), (250, 255))}, [], False),
+      "perNodeExclusions": idx((0, 10), (250, 255))}, [], None),
     ("PerNodeExclusions - IPv6", {"cidr": "fdf8:6aef:d1fe::/48", "perNodeNetworkPrefix": 120,
-                                  "perNodeExclusions": idx((0, 10), (250, 255))}, [], False),
+                                  "perNodeExclusions": idx((0, 10), (250, 255))}, [], None),
     ("PerNodeExclusions - IPv6 invalid",
      {"cidr": "fdf8:6aef:d1fe::/48", "perNodeNetworkPrefix": 120,
-      "perNodeExclusions": idx((0, 300))}, ["spec.perNodeExclusions[0].endIndex"], False),
-])
-def test_cidrpool_rules(case: str, spec: dict[str, Any], fields: list[str], api: bool) -> None:
+      "perNodeExclusions": idx((0, 300))}, ["spec.perNodeExclusions[0].endIndex"], None),
+]
+
+
+@pytest.mark.parametrize(("case", "spec", "fields", "api"), CIDRPOOL_CASES)
+def test_cidrpool_rules(case: str, spec: dict[str, Any], fields: list[str],
+                       api: str | None) -> None:
     """Mellanox/nvidia-k8s-ipam api/v1alpha1/cidrpool_test.go, Describe "CIDRPool", the It named
     `case` (one from ippool_test.go, Describe "Validate"): a valid spec is carved, an invalid
-    one refused naming the field (with `api`, nicop's CRD refuses it already)."""
+    one refused naming the field (with `api`, nicop's CRD refuses it already, naming that
+    field)."""
     _, problems = cidrpool_problems(spec)
     check(problems, fields)
     if not fields:
         carve_cidrpool(spec, [], ["node-1"])
 
 
-@pytest.mark.parametrize(("table", "case", "spec", "fields", "api"), [
-    ("CIDR", "empty", {"cidr": "", "perNodeNetworkPrefix": 30}, ["spec.cidr"], True),
-    ("CIDR", "invalid value", {"cidr": "aaaa", "perNodeNetworkPrefix": 30}, ["spec.cidr"], True),
-    ("CIDR", "/32", {"cidr": "192.168.1.1/32", "perNodeNetworkPrefix": 32}, [], False),
+CIDRPOOL_TABLES: list[tuple[str, str, dict[str, Any], list[str], str | None]] = [
+    ("CIDR", "empty", {"cidr": "", "perNodeNetworkPrefix": 30}, ["spec.cidr"], "spec.cidr"),
+    ("CIDR", "invalid value", {"cidr": "aaaa", "perNodeNetworkPrefix": 30}, ["spec.cidr"],
+    "spec.cidr"),
+    ("CIDR", "/32", {"cidr": "192.168.1.1/32", "perNodeNetworkPrefix": 32}, [], None),
     ("CIDR", "/128", {"cidr": "2001:db8:3333:4444::0/128", "perNodeNetworkPrefix": 128}, [],
-     False),
-    ("CIDR", "valid ipv4", {"cidr": "192.168.1.0/24", "perNodeNetworkPrefix": 30}, [], False),
+     None),
+    ("CIDR", "valid ipv4", {"cidr": "192.168.1.0/24", "perNodeNetworkPrefix": 30}, [], None),
     ("CIDR", "valid ipv6", {"cidr": "2001:db8:3333:4444::0/64", "perNodeNetworkPrefix": 120}, [],
-     False),
+     None),
     ("PerNodeNetworkPrefix", "not set", {**C4, "perNodeNetworkPrefix": 0},
-     ["spec.perNodeNetworkPrefix"], False),
+     ["spec.perNodeNetworkPrefix"], None),
     ("PerNodeNetworkPrefix", "negative", {**C4, "perNodeNetworkPrefix": -10},
-     ["spec.perNodeNetworkPrefix"], False),
+     ["spec.perNodeNetworkPrefix"], None),
     ("PerNodeNetworkPrefix", "larger than CIDR", {**C4, "perNodeNetworkPrefix": 8},
-     ["spec.perNodeNetworkPrefix"], False),
-    ("PerNodeNetworkPrefix", "32 for IPv4 pool", {**C4, "perNodeNetworkPrefix": 32}, [], False),
+     ["spec.perNodeNetworkPrefix"], None),
+    ("PerNodeNetworkPrefix", "32 for IPv4 pool", {**C4, "perNodeNetworkPrefix": 32}, [], None),
     ("PerNodeNetworkPrefix", "128 for IPv6 pool",
-     {"cidr": "2001:db8:3333:4444::0/64", "perNodeNetworkPrefix": 128}, [], False),
+     {"cidr": "2001:db8:3333:4444::0/64", "perNodeNetworkPrefix": 128}, [], None),
     ("PerNodeNetworkPrefix", "match CIDR prefix size - ipv4", {**C4, "perNodeNetworkPrefix": 16},
-     [], False),
+     [], None),
     ("PerNodeNetworkPrefix", "match CIDR prefix size - ipv6",
-     {"cidr": "2001:db8:3333:4444::0/64", "perNodeNetworkPrefix": 64}, [], False),
-    ("NodeSelector", "not set", C4, [], False),
-    ("NodeSelector", "valid", {**C4, "nodeSelector": SELECTOR}, [], False),
+     {"cidr": "2001:db8:3333:4444::0/64", "perNodeNetworkPrefix": 64}, [], None),
+    ("NodeSelector", "not set", C4, [], None),
+    ("NodeSelector", "valid", {**C4, "nodeSelector": SELECTOR}, [], None),
     ("NodeSelector", "unknown operation", {**C4, "nodeSelector": BAD_SELECTOR},
-     ["spec.nodeSelector.nodeSelectorTerms[0].matchExpressions[0].operator"], True),
-    ("GatewayIndex", "negative", {**C4, "gatewayIndex": -10}, ["spec.gatewayIndex"], False),
-    ("GatewayIndex", "too large", {**C4, "gatewayIndex": 255}, ["spec.gatewayIndex"], False),
-    ("GatewayIndex", "index 1 is valid for point to point", {**C4, "gatewayIndex": 1}, [], False),
-    ("GatewayIndex", "index 2 is valid for point to point", {**C4, "gatewayIndex": 2}, [], False),
+     ["spec.nodeSelector.nodeSelectorTerms[0].matchExpressions[0].operator"],
+     "spec.nodeSelector.nodeSelectorTerms[0].matchExpressions[0].operator"),
+    ("GatewayIndex", "negative", {**C4, "gatewayIndex": -10}, ["spec.gatewayIndex"], None),
+    ("GatewayIndex", "too large", {**C4, "gatewayIndex": 255}, ["spec.gatewayIndex"], None),
+    ("GatewayIndex", "index 1 is valid for point to point", {**C4, "gatewayIndex": 1}, [], None),
+    ("GatewayIndex", "index 2 is valid for point to point", {**C4, "gatewayIndex": 2}, [], None),
     ("Exclusions", "valid", {**C4, "exclusions": ex(("192.168.0.10", "192.168.0.20"))}, [],
-     False),
+     None),
     ("Exclusions", "startIP not set", {**C4, "exclusions": [{"endIP": "192.168.0.20"}]},
-     ["spec.exclusions[0].startIP"], True),
+     ["spec.exclusions[0].startIP"], "spec.exclusions[0].startIP"),
     ("Exclusions", "endIP not set", {**C4, "exclusions": [{"startIP": "192.168.0.10"}]},
-     ["spec.exclusions[0].endIP"], True),
+     ["spec.exclusions[0].endIP"], "spec.exclusions[0].endIP"),
     ("Exclusions", "not IPs", {**C4, "exclusions": ex(("aaa", "bb"), ("192.168.0.25", "ccc"))},
      ["spec.exclusions[0].startIP", "spec.exclusions[0].endIP", "spec.exclusions[1].endIP"],
-     True),
+     "spec.exclusions[1].endIP"),
     ("Exclusions", "startIP is greater then endIP",
-     {**C4, "exclusions": ex(("192.168.0.25", "192.168.0.24"))}, ["spec.exclusions[0]"], False),
+     {**C4, "exclusions": ex(("192.168.0.25", "192.168.0.24"))}, ["spec.exclusions[0]"], None),
     ("Exclusions", "doesn't belong to cidr",
-     {**C4, "exclusions": ex(("10.10.33.25", "10.10.33.33"))}, ["spec.exclusions[0]"], False),
-    ("PerNodeExclusions", "valid - range", {**C4, "perNodeExclusions": idx((10, 20))}, [], False),
+     {**C4, "exclusions": ex(("10.10.33.25", "10.10.33.33"))}, ["spec.exclusions[0]"], None),
+    ("PerNodeExclusions", "valid - range", {**C4, "perNodeExclusions": idx((10, 20))}, [], None),
     ("PerNodeExclusions", "valid - single index", {**C4, "perNodeExclusions": idx((5, 5))}, [],
-     False),
+     None),
     ("PerNodeExclusions", "valid - index 0", {**C4, "perNodeExclusions": idx((0, 10))}, [],
-     False),
+     None),
     ("PerNodeExclusions", "valid - max index for /24 (255)",
-     {**C4, "perNodeExclusions": idx((250, 255))}, [], False),
+     {**C4, "perNodeExclusions": idx((250, 255))}, [], None),
     ("PerNodeExclusions", "valid - multiple ranges",
-     {**C4, "perNodeExclusions": idx((0, 10), (100, 110))}, [], False),
+     {**C4, "perNodeExclusions": idx((0, 10), (100, 110))}, [], None),
     ("PerNodeExclusions", "negative startIndex", {**C4, "perNodeExclusions": idx((-5, 20))},
-     ["spec.perNodeExclusions[0].startIndex"], True),
+     ["spec.perNodeExclusions[0].startIndex"], "spec.perNodeExclusions[0].startIndex"),
     ("PerNodeExclusions", "negative endIndex", {**C4, "perNodeExclusions": idx((5, -1))},
-     ["spec.perNodeExclusions[0].endIndex"], True),
+     ["spec.perNodeExclusions[0].endIndex"], "spec.perNodeExclusions[0].endIndex"),
     ("PerNodeExclusions", "startIndex greater than endIndex",
-     {**C4, "perNodeExclusions": idx((25, 24))}, ["spec.perNodeExclusions[0]"], True),
+     {**C4, "perNodeExclusions": idx((25, 24))}, ["spec.perNodeExclusions[0]"],
+     "spec.perNodeExclusions[0]"),
     ("PerNodeExclusions", "startIndex outside subnet range",
      {**C4, "perNodeExclusions": idx((256, 260))}, ["spec.perNodeExclusions[0].startIndex"],
-     False),
+     None),
     ("PerNodeExclusions", "endIndex outside subnet range",
      {**C4, "perNodeExclusions": idx((250, 300))}, ["spec.perNodeExclusions[0].endIndex"],
-     False),
+     None),
     ("PerNodeExclusions", "multiple errors in one entry",
      {**C4, "perNodeExclusions": idx((-5, -1))},
-     ["spec.perNodeExclusions[0].startIndex", "spec.perNodeExclusions[0].endIndex"], True),
+     ["spec.perNodeExclusions[0].startIndex", "spec.perNodeExclusions[0].endIndex"],
+     "spec.perNodeExclusions[0].endIndex"),
     ("PerNodeExclusions", "multiple entries with errors",
      {**C4, "perNodeExclusions": idx((-5, 20), (300, 400))},
-     ["spec.perNodeExclusions[0]", "spec.perNodeExclusions[1]"], True),
+     ["spec.perNodeExclusions[0]", "spec.perNodeExclusions[1]"],
+     "spec.perNodeExclusions[0].startIndex"),
     ("StaticAllocations", "valid", {**C4, "staticAllocations": [
-        {"prefix": "192.168.0.0/24", "gateway": "192.168.0.1", "nodeName": "node1"}]}, [], False),
+        {"prefix": "192.168.0.0/24", "gateway": "192.168.0.1", "nodeName": "node1"}]}, [], None),
     ("StaticAllocations", "valid - no gateway", {**C4, "staticAllocations": [
-        {"prefix": "192.168.0.0/24", "nodeName": "node1"}]}, [], False),
+        {"prefix": "192.168.0.0/24", "nodeName": "node1"}]}, [], None),
     ("StaticAllocations", "valid - no node name", {**C4, "staticAllocations": [
-        {"prefix": "192.168.0.0/24"}]}, [], False),
+        {"prefix": "192.168.0.0/24"}]}, [], None),
     ("StaticAllocations", "not a prefix", {**C4, "staticAllocations": [
-        {"prefix": "192.168.0.0"}]}, ["spec.staticAllocations[0].prefix"], True),
+        {"prefix": "192.168.0.0"}]}, ["spec.staticAllocations[0].prefix"],
+        "spec.staticAllocations[0].prefix"),
     ("StaticAllocations", "wrong prefix size", {**C4, "staticAllocations": [
-        {"prefix": "192.168.0.0/31"}]}, ["spec.staticAllocations[0].prefix"], False),
+        {"prefix": "192.168.0.0/31"}]}, ["spec.staticAllocations[0].prefix"], None),
     ("StaticAllocations", "prefix is not part of the cidr", {**C4, "staticAllocations": [
-        {"prefix": "10.10.10.0/24"}]}, ["spec.staticAllocations[0].prefix"], False),
+        {"prefix": "10.10.10.0/24"}]}, ["spec.staticAllocations[0].prefix"], None),
     ("StaticAllocations", "gateway is not an IP", {**C4, "staticAllocations": [
         {"prefix": "192.168.0.0/24", "gateway": "foo"}]}, ["spec.staticAllocations[0].gateway"],
-     True),
+     "spec.staticAllocations[0].gateway"),
     ("StaticAllocations", "gateway is not in the allocated prefix", {**C4, "staticAllocations": [
         {"prefix": "192.168.0.0/24", "gateway": "192.168.1.1"}]},
-     ["spec.staticAllocations[0].gateway"], False),
+     ["spec.staticAllocations[0].gateway"], None),
     ("StaticAllocations", "duplicate node names", {**C4, "staticAllocations": [
         {"nodeName": "nodeA", "prefix": "192.168.0.0/24"},
-        {"nodeName": "nodeA", "prefix": "192.168.1.0/24"}]}, ["spec.staticAllocations"], False),
+        {"nodeName": "nodeA", "prefix": "192.168.1.0/24"}]}, ["spec.staticAllocations"], None),
     ("StaticAllocations", "duplicate prefixes", {**C4, "staticAllocations": [
         {"nodeName": "nodeA", "prefix": "192.168.1.0/24"},
-        {"nodeName": "nodeB", "prefix": "192.168.1.0/24"}]}, ["spec.staticAllocations"], False),
-])
+        {"nodeName": "nodeB", "prefix": "192.168.1.0/24"}]}, ["spec.staticAllocations"], None),
+]
+
+
+@pytest.mark.parametrize(("table", "case", "spec", "fields", "api"), CIDRPOOL_TABLES)
 def test_cidrpool_tables(table: str, case: str, spec: dict[str, Any], fields: list[str],
-                         api: bool) -> None:
+                         api: str | None) -> None:
     """Mellanox/nvidia-k8s-ipam api/v1alpha1/cidrpool_test.go, Describe "CIDRPool",
     DescribeTable `table`, the Entry named `case` (with `api`, nicop's CRD refuses it
     already)."""
