@@ -353,3 +353,44 @@ def test_a_stored_prefix_that_is_entirely_excluded_is_dropped() -> None:
     spec = cidrpool(exclusions=ex(("10.10.0.0", "10.10.0.255")))
     stored = [{"nodeName": "node-1", "prefix": "10.10.0.0/24", "gateway": "10.10.0.1"}]
     assert prefixes(carve_cidrpool(spec, stored, ["node-1"])[0]) == {"node-1": "10.10.1.0/24"}
+
+
+@pytest.mark.parametrize(("case", "cidr", "length", "expected", "all_of_them"), [
+    ("Valid - single subnet IPv4", "192.168.0.0/24", 24, ["192.168.0.0/24"], True),
+    ("Valid - single subnet IPv6", "2002:0:0:1234::/64", 64, ["2002:0:0:1234::/64"], True),
+    ("valid - IPv4", "192.168.4.0/23", 25,
+     ["192.168.4.0/25", "192.168.4.128/25", "192.168.5.0/25", "192.168.5.128/25"], True),
+    ("valid - IPv6", "2002:0:0:1234::/64", 124,
+     ["2002:0:0:1234::/124", "2002:0:0:1234::10/124", "2002:0:0:1234::20/124"], False),
+    ("valid - large IPv6 subnet (overflow test)", "::/0", 127, ["::/127", "::2/127", "::4/127"],
+     False),
+    ("valid - single IP IPv4 subnet", "192.168.0.0/16", 32,
+     ["192.168.0.0/32", "192.168.0.1/32", "192.168.0.2/32"], False),
+    ("valid - single IP IPv6 subnet", "2002:0:0:1234::/64", 128,
+     ["2002:0:0:1234::/128", "2002:0:0:1234::1/128", "2002:0:0:1234::2/128"], False),
+    ("valid - single IP IPv4 subnet, point to point network", "192.168.0.0/31", 32,
+     ["192.168.0.0/32", "192.168.0.1/32"], True),
+])
+def test_cidrpool_prefixes_in_order(case: str, cidr: str, length: int, expected: list[str],
+                                    all_of_them: bool) -> None:
+    """Mellanox/nvidia-k8s-ipam pkg/ip/cidr_test.go, Describe "CIDR functions", Context
+    "GetSubnetGen", the It named `case`: the prefixes a CIDRPool gives nodes, one after the
+    other; where the case lists all of them, one node more gets none."""
+    nodes = [f"node{i}" for i in range(len(expected) + (1 if all_of_them else 0))]
+    allocations, left = carve_cidrpool({"cidr": cidr, "perNodeNetworkPrefix": length}, [], nodes)
+    assert [a["prefix"] for a in allocations] == expected, case
+    assert left == nodes[len(expected):]
+
+
+@pytest.mark.parametrize(("case", "length"), [
+    ("Invalid args - prefix is larger then network", 8),
+    ("Invalid args - prefix is too small for IPv4", 120),
+])
+def test_cidrpool_prefix_length_outside_the_cidr(case: str, length: int) -> None:
+    """Mellanox/nvidia-k8s-ipam pkg/ip/cidr_test.go, Describe "CIDR functions", Context
+    "GetSubnetGen", the It named `case`: no prefix of that length comes from 192.168.0.0/16;
+    the pool is refused naming the field and its bounds."""
+    with pytest.raises(InvalidPool) as e:
+        carve_cidrpool({"cidr": "192.168.0.0/16", "perNodeNetworkPrefix": length}, [], ["n"])
+    assert str(e.value) == (f"spec.perNodeNetworkPrefix: {length} must be between 16 (the prefix "
+                            "length of spec.cidr) and 32")
