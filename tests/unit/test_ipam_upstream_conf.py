@@ -64,6 +64,23 @@ def test_the_conf_file_fills_what_the_network_leaves_out(tmp_path: Path) -> None
     assert (got.conf_dir, got.log_file, got.log_level) == (CONF_DIR, "some/path.log", "debug")
 
 
+@pytest.mark.parametrize(("content", "says"), [
+    ("{garbage", "cannot be read as JSON"),
+    ('["poolName", "x"]', "must hold a JSON object"),
+])
+def test_a_conf_file_that_does_not_parse_fails_the_call(tmp_path: Path, content: str,
+                                                        says: str) -> None:
+    """Mellanox/nvidia-k8s-ipam pkg/cni/types/types.go LoadConf: "failed to read/parse config
+    file(<path>)" fails the call (a missing file is no error: the defaults apply); the message
+    names the file."""
+    with pytest.raises(CniError) as e:
+        load(tmp_path, content, '{"name": "my-net", "ipam": {"confDir": %q}}')
+    path = tmp_path / CONF_DIR.lstrip("/") / "nv-ipam.conf"
+    assert e.value.code == 7 and e.value.msg.startswith(f"ipam.confDir: {path} {says}")
+    path.unlink()
+    assert load(tmp_path, None, '{"name": "my-net", "ipam": {"confDir": %q}}').pools == ["my-net"]
+
+
 def test_the_network_configuration_wins_over_the_conf_file(tmp_path: Path) -> None:
     """Mellanox/nvidia-k8s-ipam pkg/cni/types/types_test.go, Describe "Types Tests", Context
     "LoadConf()", It "overwrites configuration from json input"."""
