@@ -595,6 +595,21 @@ def test_del_after_the_namespace_is_gone_returns_the_vf_under_its_name(node: Nod
     assert node.cache_files() == []
 
 
+def test_a_vf_the_kubelet_already_moved_back_loses_its_mark(node: Node) -> None:
+    """test/integration/test_concurrent.sh test_long_running_ipam, the kubelet's step: the VF
+    was moved back to the node under its name before DEL ran. DEL succeeds and the VF carries
+    no trace of the pod (the alias nicop set while it was there is cleared)."""
+    vf = node.vfs[5]
+    pod = node.pod()
+    config = {"cniVersion": "1.0.0", "name": "n", "type": "sriov", "deviceID": vf.pci}
+    assert node.cni("sriov", "ADD", config, netns=pod).rc == 0
+    subprocess.run(["ip", "-n", ns_name(pod), "link", "set", "net1", "netns", node.netns_name,
+                    "name", vf.netdev], check=True)
+    assert links(node.netns)[vf.netdev].get("ifalias") == vf.netdev
+    assert node.cni("sriov", "DEL", config, netns=pod).rc == 0
+    assert "ifalias" not in links(node.netns)[vf.netdev] and node.cache_files() == []
+
+
 def test_a_link_renamed_inside_the_pod_fails_check_and_still_comes_back(node: Node) -> None:
     """pkg/sriov/sriov.go ReleaseVF looks the VF up by the pod's interface name only, so a pod
     that renamed it makes sriov-cni's DEL fail for ever. nicop's CHECK reports the missing

@@ -14,6 +14,9 @@ from nicop.cni import shim
 
 
 def _atomic_write(path: Path, text: str, mode: int) -> None:
+    if path.exists() and not path.is_file():
+        raise IsADirectoryError(f"{path} exists and is not a regular file; remove it so the "
+                                "plugin can be installed there")
     tmp = path.with_name(f".{path.name}.nicop-tmp")
     tmp.write_text(text)
     os.chmod(tmp, mode)

@@ -308,7 +308,10 @@ def move_out(
                     if _move_back(p, h, host, (ifname,), temp, host_name, mac=mac, mtu=mtu,
                                   up=up, alias=alias, ours=ours):
                         return "moved back"
-            if get_link(h, host_name) is not None:
+            back = get_link(h, host_name)
+            if back is not None:
+                if ours and back.alias == host_name and alias != host_name:
+                    h.link("set", index=back.index, ifalias=alias)  # our mark goes
                 return "already on the node"
             # Returned by the kernel when its namespace went away, under its pod name: the
             # alias still holds the node name.

@@ -344,6 +344,8 @@ def parse_result(data: Obj) -> Obj:
         out["interfaces"].append(dict(iface))
     for ip in data.get("ips") or []:
         try:
+            if not isinstance(ip["address"], str) or "/" not in ip["address"]:
+                raise ValueError(ip["address"])
             ipaddress.ip_interface(ip["address"])
         except (KeyError, ValueError, TypeError):
             raise CniError(Code.DECODING_FAILURE,

@@ -486,7 +486,12 @@ class IbSriovPlugin(DevicePlugin):
         dev = pci_device(self.ctx.host, "deviceID", pci)
         host_name = str((cache.get("OrigVfState") or {}).get("HostIFName")
                         or cache.get("HostIFNames") or "")
-        if self._rebind(dev) and host_name and dev.netdev and dev.netdev != host_name:
+        try:
+            rebound = self._rebind(dev)
+        except CniError as e:  # the GUID is set; it applies at the VF's next probe
+            log.warning("VF %s: %s", pci, e.msg)
+            return
+        if rebound and host_name and dev.netdev and dev.netdev != host_name:
             with self.ctx.host_ns.ipr() as h:
                 link = get_link(h, dev.netdev)
                 if link is not None:
