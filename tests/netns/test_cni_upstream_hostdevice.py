@@ -63,7 +63,8 @@ def ns_name(path: str) -> str:
 def test_works_with_a_valid_config_without_ipam(node: Node, version: str) -> None:
     """host-device_test.go "[%s] works with a valid config without IPAM" (both Its of that
     name: the second adds CHECK for versions that have it): the device moves into the pod as
-    eth0, up, with its MAC; the result lists it; DEL gives it back under its name."""
+    eth0, up, with its MAC; the result lists it; DEL gives it back under its name (and, unlike
+    upstream, which leaves it down, up as it was)."""
     name, mac = host_link(node)
     pod = node.pod()
     config = conf(version, device=name)
@@ -85,7 +86,8 @@ def test_works_with_a_valid_config_without_ipam(node: Node, version: str) -> Non
         assert (check.rc, check.out) == (0, None)
     assert node.cni("host-device", "DEL", config, netns=pod, ifname="eth0",
                     container_id="dummy").rc == 0
-    assert name in links(node.netns) and "eth0" not in links(pod)
+    assert "eth0" not in links(pod)
+    assert "UP" in links(node.netns)[name]["flags"], "up again, as it was (upstream: down)"
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -238,3 +240,22 @@ def test_check_of_an_attachment_the_upstream_plugin_made(node: Node) -> None:
     assert (check.rc, check.out) == (0, None)
     assert node.cni("host-device", "DEL", config, netns=pod).rc == 0
     assert name in links(node.netns)
+
+
+def test_del_after_the_namespace_is_gone(node: Node) -> None:
+    """host-device.go cmdDel opens CNI_NETNS first and fails when it is gone (the node
+    rebooted, the runtime lost the sandbox), so the kubelet retries for ever and the device
+    keeps the pod's interface name. nicop's DEL succeeds and the device the kernel returned to
+    the node gets its name back."""
+    name, mac = host_link(node)
+    pod = node.pod()
+    config = conf("1.0.0", device=name)
+    assert node.cni("host-device", "ADD", config, netns=pod, ifname="eth0").rc == 0
+    subprocess.run(["ip", "-n", ns_name(pod), "link", "set", "eth0", "netns", node.netns_name],
+                   check=True)
+    node.namespaces.names.remove(ns_name(pod))
+    subprocess.run(["ip", "netns", "del", ns_name(pod)], check=True)
+    assert node.cni("host-device", "DEL", config, netns=pod, ifname="eth0").rc == 0
+    on_node = links(node.netns)
+    assert "eth0" not in on_node and on_node[name]["address"] == mac
+    assert node.cache_files() == []

@@ -345,3 +345,22 @@ def test_an_invalid_guid_in_the_cache_is_not_programmed(node: Node) -> None:
     assert node.cni("ib-sriov", "DEL", config, netns=pod).rc == 0
     assert len(guid_calls(node)) == 2, "only the ADD's"
     assert vf.netdev in links(node.netns) and node.cache_files() == []
+
+
+def test_del_after_the_namespace_is_gone_restores_name_and_guid(node: Node) -> None:
+    """cmd/ib-sriov-cni/main.go cmdDel returns success without touching the VF when the
+    namespace is gone (NSPathNotExistErr), leaving it under the pod's interface name with the
+    pod's GUID. nicop gives the VF the kernel returned its node name and GUID back."""
+    vf = node.vfs[7]
+    set_address(node, 7, ipoib(HOST_GUID))
+    pod = node.pod()
+    config = conf(node, 7, runtimeConfig={"infinibandGUID": GUID})
+    assert node.cni("ib-sriov", "ADD", config, netns=pod).rc == 0
+    subprocess.run(["ip", "-n", ns_name(pod), "link", "set", "net1", "netns", node.netns_name],
+                   check=True)
+    node.namespaces.names.remove(ns_name(pod))
+    subprocess.run(["ip", "netns", "del", ns_name(pod)], check=True)
+    assert node.cni("ib-sriov", "DEL", config, netns=pod).rc == 0
+    on_node = links(node.netns)
+    assert vf.netdev in on_node and "net1" not in on_node
+    assert node.vf_state(7)["node_guid"] == HOST_GUID and node.cache_files() == []

@@ -376,3 +376,23 @@ def test_an_address_that_is_not_a_string_is_a_decoding_error() -> None:
     with pytest.raises(spec.CniError) as e:
         spec.parse_result({"cniVersion": "1.0.0", "ips": [{"address": 5}]})
     assert e.value.code == 6
+
+
+# ------------------------------------------------------------------ logging
+
+def test_every_call_is_logged_by_the_daemon_not_to_log_file(
+    daemon: CniDaemon, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """sriov-cni pkg/logging/logging_test.go "log argument prepender" "should log cniName,
+    netns, containerID and ifName", and "log files": sriov-cni logs to stderr or the netconf's
+    `logFile` at `logLevel`. nicop's plugins run in the CNI daemon, which logs every call (the
+    plugin, command, containerID, ifname, netns and outcome) in its own log; `logFile` and
+    `logLevel` are accepted and not used, so no file appears."""
+    log_file = tmp_path / "sriov.log"
+    config = sriov(logFile=str(log_file), logLevel="debug")
+    with caplog.at_level("INFO", logger="nicop.cni.daemon"):
+        assert outcome(daemon, "sriov", config) == REACHED_THE_POD
+    line = next(r.getMessage() for r in caplog.records if r.name == "nicop.cni.daemon")
+    assert line.startswith("sriov ADD c1/net1 netns /run/netns/no-such-pod: ")
+    assert '"code": 4' in line
+    assert not log_file.exists()

@@ -172,8 +172,9 @@ class CniDaemon:
         outcome = "ok" if rc == 0 else "error"
         REQUESTS.labels(plugin, command, outcome).inc()
         SECONDS.labels(plugin, command, outcome).observe(elapsed)
-        log.info("%s %s %s/%s: %s in %.1f ms", plugin, command, env.get("CNI_CONTAINERID", "-"),
-                 env.get("CNI_IFNAME", "-"), result if rc == 0 else json.dumps(out),
+        log.info("%s %s %s/%s netns %s: %s in %.1f ms", plugin, command,
+                 env.get("CNI_CONTAINERID", "-"), env.get("CNI_IFNAME", "-"),
+                 env.get("CNI_NETNS") or "-", result if rc == 0 else json.dumps(out),
                  elapsed * 1000)
         body = json.dumps(out).encode() + b"\n" if out is not None else b""
         return rc, body

@@ -4,8 +4,8 @@ Config, cache files and checks are sriov-cni's and ib-sriov-cni's: `deviceID` (t
 address, injected by Multus), vlan/vlanQoS/vlanProto, mac, spoofchk, trust, link_state,
 min/max_tx_rate, ipam; the netconf cached in `/var/lib/cni/sriov/<containerID>-<ifname>` with
 the VF's original state under `OrigVfState`, and `/var/lib/cni/sriov/pci/<pci>` naming the
-netns that holds the VF. A cache written by upstream sriov-cni is understood by DEL, so a node
-can switch plugins with pods running.
+netns that holds the VF. A cache written by upstream sriov-cni or ib-sriov-cni is understood by
+DEL, so a node can switch plugins with pods running.
 
 The cache holds the netconf with upstream's defaults filled in (vlanQoS 0 and vlanProto
 802.1q once a vlan is set, the MAC from CNI_ARGS or runtimeConfig, lowercased), so either
