@@ -160,10 +160,10 @@ def test_exclusive_rdma_netns_mode_is_refused_with_upstreams_message(root: Path)
     network namespace"; shared mode, or a kernel without the setting, passes."""
     host = SimulatedHost.build(root, "cx6dx")
     check_netns_mode(host)  # no ib_core parameter: an old kernel passes
-    host.path(NETNS_MODE).parent.mkdir(parents=True)
-    host.path(NETNS_MODE).write_text("Y\n")
+    host.set_rdma_netns_mode("shared")
+    assert host.path(NETNS_MODE).read_text() == "Y\n"
     check_netns_mode(host)
-    host.path(NETNS_MODE).write_text("N\n")
+    host.set_rdma_netns_mode("exclusive")
     config = write(root, {"configList": [{"resourceName": "hca_shared_devices_a",
                                           "rdmaHcaMax": 1000, "devices": ["ib0", "ib1"]}]})
     result = CliRunner().invoke(app, ["rdma-device-plugin", "--config-file", str(config),
@@ -286,11 +286,14 @@ def test_sriov_keys_in_another_case_never_widen_a_selector(root: Path) -> None:
     async def main() -> None:
         async with sriov(host, config) as kubelet:
             await kubelet.wait_for(lambda: kubelet.allocatable() == {"intel.com/a": 2})
+        host.load_module("vhost_net")
+        host.load_module("tun")
         vhost = {"resourceList": [{"resourceName": "v", "selectors": {
-            "Vendors": ["15b3"], "NeedVhostNet": True}}, {"resourceName": "w", "selectors": {
-                "pfNames": [PF1]}}]}
-        async with sriov(host, vhost) as kubelet:  # no /dev/vhost-net here: nothing for "v"
-            await kubelet.wait_for(lambda: kubelet.allocatable() == {"intel.com/w": 4})
+            "PfNames": [PF1], "NeedVhostNet": True}}]}
+        async with sriov(host, vhost) as kubelet:
+            await kubelet.wait_for(lambda: kubelet.allocatable() == {"intel.com/v": 4})
+            response = await kubelet.allocate("intel.com/v")
+            assert [d.host_path for d in response.devices] == ["/dev/vhost-net", "/dev/net/tun"]
 
     asyncio.run(main())
 

@@ -4,7 +4,8 @@ answer).
 
 Each configList entry is a pool of NICs chosen by selectors, advertised as `rdmaHcaMax` shared
 slots ("0", "1", ...) of `<resourcePrefix>/<resourceName>`; a container given any slot gets the
-/dev/infiniband character devices of every NIC in the pool, plus rdma_cm.
+/dev/infiniband character devices of every NIC in the pool, plus rdma_cm. As upstream, a NIC
+is shared only if its RDMA device has uverbs and umad and the node has rdma_cm.
 
 Where nicop differs: health is checked per NIC (upstream never changes it). A NIC whose link is
 down, that lost its RDMA device, or whose rdma_cm is missing is logged with the reason; the pool's

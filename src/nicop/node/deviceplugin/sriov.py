@@ -10,8 +10,10 @@ Where nicop differs: the host is rescanned every poll interval, so VFs created o
 appear or vanish without a restart; the config file is reloaded when it changes (an invalid new
 config is logged and the running one kept); a device whose PF link is down is Unhealthy; an entry
 that cannot be served is skipped and reported as an Event on the agent's pod while the others are
-served; in CDI mode a device without device nodes (a VF on its kernel driver) is left out of the
-spec instead of making it invalid.
+served (upstream exits on a repeated resource name, for one); in CDI mode a device without
+device nodes (a VF on its kernel driver) is left out of the spec instead of making it invalid;
+`pfNames`/`rootDevices` items naming one PF twice add up (upstream uses the first only);
+uio_pci_generic devices get their /dev/uioN as igb_uio ones do.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from nicop.node.deviceplugin.config import (
     parse_part,
     read_json,
 )
+from nicop.node.deviceplugin.ddp import Profiles
 from nicop.node.deviceplugin.server import (
     AllocationError,
     Device,
@@ -66,6 +69,11 @@ DEVICE_INFO_VERSION = "1.1.0"
 RESOURCE_NAME = re.compile(r"^[a-zA-Z0-9_-]+$")
 DEVICE_TYPES = ("netDevice", "accelerator", "auxNetDevice")
 VHOST_DEVICES = ("/dev/vhost-net", "/dev/net/tun")
+VFIO_CONTAINER = "/dev/vfio/vfio"
+# Drivers whose device is a /dev/uioN: upstream's two, and uio_pci_generic, whose devices upstream
+# hands out without their uioN.
+UIO_DRIVERS = ("uio", "igb_uio", "uio_pci_generic")
+RDMA_INFO_KEYS = ("uverbs", "umad", "issm")  # with rdma_cm and rdma_dev: upstream's rdma entry
 _PF_ITEM = re.compile(r"^([^#]+)(?:#(\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*))?$")
 
 
@@ -124,7 +132,9 @@ class ResourceConfig(BaseModel):
     device_type: str = Field(default="netDevice", alias="deviceType")
     exclude_topology: bool = Field(default=False, alias="excludeTopology")
     selectors: Any = None  # one object or a list; checked against the deviceType's fields
-    additional_info: dict[str, dict[str, str]] = Field(default={}, alias="additionalInfo")
+    # None when the config has none: upstream gives every device an "extra" entry (empty when
+    # neither "*" nor the device's ID is listed) as soon as the config has an additionalInfo.
+    additional_info: dict[str, dict[str, str]] | None = Field(default=None, alias="additionalInfo")
 
 
 class Config(BaseModel):
@@ -240,9 +250,6 @@ def _selectors(conf: ResourceConfig, where: str) -> tuple[Selectors, ...]:
             if sel.vdpa_type and sel.is_rdma:
                 raise ConfigError(f"{where}: {at}: isRdma and vdpaType cannot be used together "
                                   "(a vDPA device has no RDMA device); remove one")
-            if sel.ddp_profiles:
-                log.warning("%s: %s.ddpProfiles: DDP profiles exist on Intel 700/800 NICs only; "
-                            "no other device matches", where, at)
         if isinstance(sel, AuxSelectors) and (not sel.aux_types or set(sel.aux_types) - {"sf"}):
             raise ConfigError(f"{where}: {at}.auxTypes: must be [\"sf\"] (scalable functions), "
                               f"got {json.dumps(sel.aux_types)}")
@@ -348,8 +355,9 @@ def _aux_candidate(inv: Inventory, aux: AuxDevice) -> Candidate:
     )
 
 
-def selects(sel: Selectors, c: Candidate, host: Host) -> bool:
-    """Whether selector object `sel` takes candidate `c` (AND of every field that is set)."""
+def selects(sel: Selectors, c: Candidate, host: Host, ddp: Profiles | None = None) -> bool:
+    """Whether selector object `sel` takes candidate `c` (AND of every field that is set, in
+    upstream's order, so that DDP profiles are asked for only when the rest matched)."""
     if sel.vendors and c.vendor not in sel.vendors:
         return False
     if sel.devices and c.device not in sel.devices:
@@ -373,22 +381,39 @@ def selects(sel: Selectors, c: Candidate, host: Host) -> bool:
         return False
     if sel.link_types and c.link_type not in sel.link_types:
         return False
-    if isinstance(sel, NetSelectors) and sel.p_keys and not any(
-            r.pkey in sel.p_keys for r in c.rdma):
+    if isinstance(sel, NetSelectors) and sel.ddp_profiles and (
+            c.pci is None or (ddp or Profiles()).get(c.id) not in sel.ddp_profiles):
         return False
-    if isinstance(sel, NetSelectors) and sel.ddp_profiles:
-        return False  # only Intel 700/800 NICs have DDP profiles
+    if isinstance(sel, NetSelectors) and sel.p_keys and pkey(c) not in sel.p_keys:
+        return False
     if sel.is_rdma and not any(r.usable for r in c.rdma):
         return False
-    if isinstance(sel, NetSelectors) and sel.vdpa_type and (
-            vdpa(host, c) or ("", None))[0] != sel.vdpa_type:
-        return False
-    return not (sel.need_vhost_net and not all(host.exists(p) for p in VHOST_DEVICES))
+    if isinstance(sel, NetSelectors) and sel.vdpa_type:
+        found = vdpa(host, c)
+        return found is not None and found.type == sel.vdpa_type
+    return True
 
 
-def vdpa(host: Host, c: Candidate) -> tuple[str, str | None] | None:
-    """The vDPA device on a PCI function: its type (vhost or virtio, by the vdpa bus driver it
-    is bound to) and, for vhost, its character device."""
+def pkey(c: Candidate) -> str | None:
+    """The InfiniBand partition key at index 0 of an IB device's first RDMA device (what
+    `pKeys` compares, as written in sysfs); Ethernet devices have none, whatever their RDMA
+    device's table holds."""
+    if c.pci is None or c.link_type != "infiniband" or not c.rdma:
+        return None
+    return c.rdma[0].pkey
+
+
+@dataclass(frozen=True)
+class Vdpa:
+    """A vDPA device on a PCI function."""
+
+    name: str  # vdpa0: the vdpa bus device, "parent-device" in the device-info file
+    type: str  # vhost or virtio, by the vdpa bus driver it is bound to
+    path: str | None  # /dev/vhost-vdpa-N, for vhost
+
+
+def vdpa(host: Host, c: Candidate) -> Vdpa | None:
+    """The vDPA device of a PCI function, if it has one bound to vhost_vdpa or virtio_vdpa."""
     if c.pci is None:
         return None
     base = f"{PCI_DEVICES}/{c.id}"
@@ -396,7 +421,8 @@ def vdpa(host: Host, c: Candidate) -> tuple[str, str | None] | None:
         kind = VDPA_DRIVERS.get(host.link_name(f"{base}/{entry}/driver") or "")
         if entry.startswith("vdpa") and kind:
             chars = [e for e in host.listdir(f"{base}/{entry}") if e.startswith("vhost-vdpa-")]
-            return kind, f"/dev/{chars[0]}" if chars else None
+            path = f"/dev/{chars[0]}" if chars and kind == "vhost" else None
+            return Vdpa(entry, kind, path)
     return None
 
 
@@ -416,19 +442,22 @@ class Taken:
 
     candidate: Candidate
     rdma: bool
-    vhost: bool
-    vdpa: bool = False
+    vhost: bool  # the selector asks for vhost-net and /dev/vhost-net exists
+    vdpa: Vdpa | None = None  # the selector asks for this vDPA type and the device has it
 
 
 class Pool:
     """One resource: the devices its selectors took in the last scan, and Allocate."""
 
-    def __init__(self, resource: Resource, host: Host, use_cdi: bool = False) -> None:
+    def __init__(self, resource: Resource, host: Host, use_cdi: bool = False,
+                 ddp: Profiles | None = None) -> None:
         self.resource = resource
         self.host = host
         self.use_cdi = use_cdi
+        self.ddp = ddp or Profiles()
         self.devices: dict[str, Taken] = {}
         self.rdma_cm: str | None = None
+        self._no_vhost_net_warned = False
 
     def select(self, inv: Inventory, found: list[Candidate], taken: set[str]) -> list[Device]:
         """Take matching candidates not `taken` by an earlier pool; returns the device list."""
@@ -438,12 +467,8 @@ class Pool:
             for c in found:
                 if c.id in taken or c.id in devices:
                     continue
-                if selects(sel, c, self.host):
-                    net = sel if isinstance(sel, _NetworkSelectors) else None
-                    devices[c.id] = Taken(c, rdma=bool(net and net.is_rdma),
-                                          vhost=bool(net and net.need_vhost_net),
-                                          vdpa=isinstance(sel, NetSelectors)
-                                          and bool(sel.vdpa_type))
+                if selects(sel, c, self.host, self.ddp):
+                    devices[c.id] = self._taken(sel, c)
         taken.update(devices)
         if devices.keys() != self.devices.keys():
             log.info("%s: devices %s", self.resource.name, ", ".join(devices) or "none",
@@ -458,6 +483,19 @@ class Pool:
             )
             for t in devices.values()
         ]
+
+    def _taken(self, sel: Selectors, c: Candidate) -> Taken:
+        """`c` as selector object `sel` took it: which extras Allocate gives with it."""
+        if not isinstance(sel, _NetworkSelectors):
+            return Taken(c, rdma=False, vhost=False)
+        vhost = sel.need_vhost_net and self.host.exists(VHOST_DEVICES[0])
+        if sel.need_vhost_net and not vhost and not self._no_vhost_net_warned:
+            log.warning("%s: needVhostNet is set but %s does not exist (is vhost_net loaded?); "
+                        "its devices are given without it", self.resource.name,
+                        VHOST_DEVICES[0], extra={"resource": self.resource.name})
+            self._no_vhost_net_warned = True
+        found = vdpa(self.host, c) if isinstance(sel, NetSelectors) and sel.vdpa_type else None
+        return Taken(c, rdma=sel.is_rdma and found is None, vhost=vhost, vdpa=found)
 
     def allocate(self, ids: Sequence[str]) -> pb.ContainerAllocateResponse:
         specs: dict[str, pb.DeviceSpec] = {}
@@ -491,39 +529,48 @@ class Pool:
                 permissions="rw"))
 
         info: dict[str, dict[str, str]] = {"generic": {"deviceID": c.id}}
-        if c.driver == "vfio-pci" and c.pci is not None and c.pci.iommu_group is not None:
+        if c.driver == "vfio-pci" and c.pci is not None:
+            add(VFIO_CONTAINER)
+            info["vfio"] = {"mount": VFIO_CONTAINER}
             group = c.pci.iommu_group
-            noiommu = self.host.read(f"/sys/kernel/iommu_groups/{group}/name") == "vfio-noiommu"
-            add("/dev/vfio/vfio")
-            add(f"/dev/vfio/noiommu-{group}" if noiommu else f"/dev/vfio/{group}",
-                f"/dev/vfio/{group}")
-            info["vfio"] = {"mount": "/dev/vfio/vfio", "dev-mount": f"/dev/vfio/{group}"}
-        elif c.driver in ("uio_pci_generic", "igb_uio") and c.pci is not None:
-            for entry in self.host.listdir(f"/sys/bus/pci/devices/{c.id}/uio"):
-                add(f"/dev/{entry}")
-                info["uio"] = {"mount": f"/dev/{entry}"}
-        if t.rdma:
+            if group is not None:  # else (no IOMMU group) only the container device, as upstream
+                name = self.host.read(f"/sys/kernel/iommu_groups/{group}/name")
+                add(f"/dev/vfio/noiommu-{group}" if name == "vfio-noiommu"
+                    else f"/dev/vfio/{group}", f"/dev/vfio/{group}")
+                info["vfio"]["dev-mount"] = f"/dev/vfio/{group}"
+        elif c.driver in UIO_DRIVERS and c.pci is not None:
+            entries = self.host.listdir(f"{PCI_DEVICES}/{c.id}/uio")
+            info["uio"] = {}
+            if entries:  # one uioN per device
+                add(f"/dev/{entries[0]}")
+                info["uio"]["mount"] = f"/dev/{entries[0]}"
+        if t.vdpa is not None:
+            info["vdpa"] = {}
+            if t.vdpa.path:
+                add(t.vdpa.path)
+                info["vdpa"]["mount"] = t.vdpa.path
+        elif t.rdma:
             rdma: dict[str, str] = {}
             for dev in c.rdma:
-                rdma["rdma_dev"] = dev.name
                 for path in dev.char_devices:
                     add(path)
-                    rdma[path.rsplit("/", 1)[1].rstrip("0123456789")] = path
+                    kind = path.rsplit("/", 1)[1].rstrip("0123456789")
+                    if kind in RDMA_INFO_KEYS:
+                        rdma.setdefault(kind, path)
             if self.rdma_cm:
                 add(self.rdma_cm)
                 rdma["rdma_cm"] = self.rdma_cm
+            if c.rdma:
+                rdma["rdma_dev"] = c.rdma[0].name
             info["rdma"] = rdma
-        if t.vdpa and (found := vdpa(self.host, c)) and found[1]:
-            add(found[1])
-            info["vdpa"] = {"mount": found[1]}
         if t.vhost:
-            for path in VHOST_DEVICES:
-                add(path)
+            if all(self.host.exists(p) for p in VHOST_DEVICES):
+                for path in VHOST_DEVICES:
+                    add(path)
             info["vhost"] = {"net-mount": VHOST_DEVICES[0], "tun-mount": VHOST_DEVICES[1]}
         extra = self.resource.conf.additional_info
-        merged = {**extra.get("*", {}), **extra.get(c.id, {})}
-        if merged:
-            info["extra"] = merged
+        if extra is not None:
+            info["extra"] = {**extra.get("*", {}), **extra.get(c.id, {})}
         return info
 
     def cdi_devices(self) -> dict[str, list[str]]:
@@ -549,15 +596,23 @@ class Pool:
 
     def _write_device_info(self, t: Taken) -> None:
         """The device-info spec file the CNI reads; replaced on every Allocate."""
-        pci: dict[str, str] = {"pci-address": t.candidate.id}
-        if t.rdma and t.candidate.rdma:
-            pci["rdma-device"] = ",".join(r.name for r in t.candidate.rdma)
+        info: dict[str, Any]
+        if t.vdpa is not None:
+            vdpa_info = {"parent-device": t.vdpa.name, "driver": t.vdpa.type}
+            if t.vdpa.path:
+                vdpa_info["path"] = t.vdpa.path
+            vdpa_info["pci-address"] = t.candidate.id
+            info = {"type": "vdpa", "version": DEVICE_INFO_VERSION, "vdpa": vdpa_info}
+        else:
+            pci: dict[str, str] = {"pci-address": t.candidate.id}
+            if t.rdma and t.candidate.rdma:
+                pci["rdma-device"] = ",".join(r.name for r in t.candidate.rdma)
+            info = {"type": "pci", "version": DEVICE_INFO_VERSION, "pci": pci}
         path = self.host.path(self.device_info_path(t.candidate.id))
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.unlink(missing_ok=True)
-            path.write_text(json.dumps(
-                {"type": "pci", "version": DEVICE_INFO_VERSION, "pci": pci}))
+            path.write_text(json.dumps(info))
             path.chmod(0o444)
         except OSError as e:
             raise AllocationError(f"cannot write device info file {path}: {e.strerror}") from e
@@ -595,6 +650,7 @@ class SriovAgent:
         self.skipped: list[str] = []  # entries of the config that are not served, and why
         self.reporter = reporter or Reporter()
         self.cdi = cdi.SpecFiles(host)
+        self.ddp = Profiles()
         self._config_text: str | None = None
         self._bad: str | None = None
         self._reported: list[str] = []
@@ -626,7 +682,7 @@ class SriovAgent:
             log.info("config %s changed: resources %s", self.config_path,
                      ", ".join(r.name for r in loaded.resources))
         old = {p.resource.name: p for p in self.pools}
-        self.pools = [Pool(r, self.host, self.use_cdi) for r in loaded.resources]
+        self.pools = [Pool(r, self.host, self.use_cdi, self.ddp) for r in loaded.resources]
         self.skipped = loaded.skipped
         for pool in self.pools:
             if pool.resource.name in old:
