@@ -738,9 +738,9 @@ AUX_VALID_CASES: dict[str, tuple[Any, str | None]] = {
 
 @pytest.mark.parametrize("case", list(AUX_VALID_CASES))
 def test_sriov_aux_valid_config(root: Path, case: str) -> None:
-    """k8snetworkplumbingwg/sriov-network-device-plugin pkg/auxnetdevice/
-    auxNetDeviceProvider_test.go, "validating configuration", the case named by `case`: every
-    selector object of an auxNetDevice resource must list auxTypes, all "sf"."""
+    """k8snetworkplumbingwg/sriov-network-device-plugin
+    pkg/auxnetdevice/auxNetDeviceProvider_test.go, "validating configuration", the case named by
+    `case`: every selector object of an auxNetDevice resource must list auxTypes, all "sf"."""
     selectors, problem = AUX_VALID_CASES[case]
     path = write(root, {"resourceList": [{"resourceName": "sfs", "deviceType": "auxNetDevice",
                                           "selectors": selectors}]})
@@ -781,16 +781,18 @@ def intel_pf(host: SimulatedHost, address: str, driver: str | None = "i40e",
 DISCOVERY_CASES = ["no devices", "unparsable modalias", "PF device with no VFs configured",
                    "PF device with no VFs configured and not bound to any driver",
                    "PF device with VF configured",
-                   "VF device without PF and bound to dpdk driver"]
+                   "VF device without PF and bound to dpdk driver",
+                   "should fail if cannot get driver name"]
 
 
 @pytest.mark.parametrize("case", DISCOVERY_CASES)
 def test_sriov_discovering_devices(root: Path, case: str) -> None:
     """k8snetworkplumbingwg/sriov-network-device-plugin cmd/sriovdp/manager_test.go, "discovering
-    devices", the case named by `case`, with pkg/netdevice/ netDeviceProvider_test.go "adding 3
-    target devices": a netDevice pool without selector filters ({}) takes every network function
-    that has a driver, but not a PF whose VFs are configured, nor a device whose class cannot be
-    read; VFs without a PF (in a VM) bound to igb_uio come with their /dev/uioN."""
+    devices", the case named by `case`, with pkg/netdevice/netDeviceProvider_test.go and
+    pkg/devices/host_test.go ("should fail if cannot get driver name": the device is left out)
+    "adding 3 target devices": a netDevice pool without selector filters ({}) takes every network
+    function that has a driver, but not a PF whose VFs are configured, nor a device whose class
+    cannot be read; VFs without a PF (in a VM) bound to igb_uio come with their /dev/uioN."""
     host = SimulatedHost.build(root, "cx6dx" if case == "PF device with VF configured"
                                else "cpu")
     want: set[str] = set()
@@ -801,6 +803,9 @@ def test_sriov_discovering_devices(root: Path, case: str) -> None:
         want = {intel_pf(host, "0000:00:00.0")}
     elif case == "PF device with no VFs configured and not bound to any driver":
         intel_pf(host, "0000:00:00.0", driver=None)
+    elif case == "should fail if cannot get driver name":
+        intel_pf(host, "0000:00:00.1", driver=None)
+        host.path("/sys/bus/pci/devices/0000:00:00.1/driver").write_text("not a symlink")
     elif case == "PF device with VF configured":
         host.set_numvfs(PF0, 1)
         want = {vf(host, PF0, 0), host.address(PF1)}
@@ -878,10 +883,10 @@ def names(host: SimulatedHost, ids: tuple[str, ...]) -> set[str]:
 @pytest.mark.parametrize("case", list(FILTER_CASES))
 def test_sriov_get_filtered_devices(mixed: SimulatedHost, case: str) -> None:
     """k8snetworkplumbingwg/sriov-network-device-plugin pkg/netdevice/netDeviceProvider_test.go,
-    "getting Filtered devices", the case named by `case`, with pkg/resources/ ddpSelector_test.go
+    "getting Filtered devices", the case named by `case`, with pkg/resources/ddpSelector_test.go
     ("should return devices matching DDP profiles": GTP, not PPPoE, not a device without profile),
     pkg/devices/devices_test.go "should use PF linkType if own ifName is not available" (the
-    vfio-bound v1 has the link type of its PF) and pkg/netdevice/ pciNetDevice_test.go "With
+    vfio-bound v1 has the link type of its PF) and pkg/netdevice/pciNetDevice_test.go "With
     Vdpa-capable devices": each selector field alone, on a node with the kinds of devices upstream's
     mocks describe."""
     selectors, ids = FILTER_CASES[case]
@@ -1067,11 +1072,11 @@ VDPA_CASES = {
 @pytest.mark.parametrize("case", list(VDPA_CASES))
 def test_sriov_vdpa(mixed: SimulatedHost, case: str) -> None:
     """k8snetworkplumbingwg/sriov-network-device-plugin pkg/netdevice/pciNetDevice_test.go, "With
-    Vdpa-capable devices", the case named by `case`, with pkg/infoprovider/
-    vdpaInfoProvider_test.go, pkg/devices/vdpa_test.go and pkg/netdevice/ netResourcePool_test.go
-    "for vdpa devices": a vhost vDPA VF is given its /dev/vhost-vdpa-N (and the "vdpa" mount in the
-    _INFO variable), a virtio one no device node; the device-info file is of type vdpa, naming the
-    vdpa device, its driver and (vhost) path. A selector asking for the other type takes neither."""
+    Vdpa-capable devices", the case named by `case`, with pkg/infoprovider/vdpaInfoProvider_test.go,
+    pkg/devices/vdpa_test.go and pkg/netdevice/netResourcePool_test.go "for vdpa devices": a vhost
+    vDPA VF is given its /dev/vhost-vdpa-N (and the "vdpa" mount in the _INFO variable), a virtio
+    one no device node; the device-info file is of type vdpa, naming the vdpa device, its driver and
+    (vhost) path. A selector asking for the other type takes neither."""
     v2, v3 = vf(mixed, PF0, 2), vf(mixed, PF0, 3)
     matching = VDPA_CASES[case]
     resources = [{"resourceName": "vhost", "selectors": {"vdpaType": "vhost" if matching
@@ -1124,13 +1129,13 @@ DRIVER_CASES: dict[str, tuple[list[str], dict[str, dict[str, str]]]] = {
 def test_sriov_allocate_by_driver(root: Path, driver: str) -> None:
     """k8snetworkplumbingwg/sriov-network-device-plugin pkg/factory/factory_test.go, "getting info
     provider" (vfio-pci, uio, igb_uio) and "getting info provider for generic netdevice", with
-    pkg/netdevice/pciNetDevice_test.go "should populate fields", pkg/infoprovider/
-    vfioInfoProvider_test.go, uioInfoProvider_test.go ("PCI address passed, returns DeviceSpec with
-    paths to its UIO devices", "getting env val") and genericInfoProvider_test.go: a VF on its
-    kernel driver gets no device node, on vfio-pci /dev/vfio/vfio and its IOMMU group's node, on
-    igb_uio its /dev/uioN; the driver named "uio" without a uio device gets an empty uio entry.
-    uio_pci_generic: upstream gives its devices no node (its factory knows "uio" and "igb_uio"
-    only); nicop gives them their /dev/uioN, without which DPDK cannot use them."""
+    pkg/netdevice/pciNetDevice_test.go "should populate fields",
+    pkg/infoprovider/vfioInfoProvider_test.go, uioInfoProvider_test.go ("PCI address passed, returns
+    DeviceSpec with paths to its UIO devices", "getting env val") and genericInfoProvider_test.go: a
+    VF on its kernel driver gets no device node, on vfio-pci /dev/vfio/vfio and its IOMMU group's
+    node, on igb_uio its /dev/uioN; the driver named "uio" without a uio device gets an empty uio
+    entry. uio_pci_generic: upstream gives its devices no node (its factory knows "uio" and
+    "igb_uio" only); nicop gives them their /dev/uioN, without which DPDK cannot use them."""
     host = SimulatedHost.build(root, "cx6dx")
     host.set_numvfs(PF0, 1)
     dev = vf(host, PF0, 0)
@@ -1297,8 +1302,8 @@ ADDITIONAL_INFO_CASES: dict[str, tuple[Any, dict[str, str] | None]] = {
 
 @pytest.mark.parametrize("case", list(ADDITIONAL_INFO_CASES))
 def test_sriov_additional_info(root: Path, case: str) -> None:
-    """k8snetworkplumbingwg/sriov-network-device-plugin pkg/infoprovider/ extraInfoProvider_test.go,
-    "GetEnvVal", the case named by `case`, and pkg/auxnetdevice/ auxNetDevice_test.go "should
+    """k8snetworkplumbingwg/sriov-network-device-plugin pkg/infoprovider/extraInfoProvider_test.go,
+    "GetEnvVal", the case named by `case`, and pkg/auxnetdevice/auxNetDevice_test.go "should
     populate additional info fields" (a scalable function's "*" token): the "extra" entry of the
     _INFO variable merges "*" with the device's own entry, which wins. As upstream, a config with
     additionalInfo gives every device an "extra" entry, empty when neither "*" nor the device is
@@ -1406,11 +1411,11 @@ TOPOLOGY_CASES: dict[str, tuple[str | None, bool, list[int]]] = {
 @pytest.mark.parametrize("case", list(TOPOLOGY_CASES))
 def test_sriov_topology(root: Path, case: str) -> None:
     """k8snetworkplumbingwg/sriov-network-device-plugin pkg/utils/utils_test.go, "getting NUMA node
-    of device", the case named by `case`, with pkg/devices/host_test.go and pkg/accelerator/
-    accelDevice_test.go ("should not populate topology due to negative numa_node", "... missing
-    numa_node", "... config option being set") and pkg/devices/api_test.go: the kubelet is told a
-    device's NUMA node when sysfs gives one and excludeTopology is not set, for network devices and
-    accelerators alike."""
+    of device", the case named by `case`, with pkg/devices/host_test.go and
+    pkg/accelerator/accelDevice_test.go ("should not populate topology due to negative numa_node",
+    "... missing numa_node", "... config option being set") and pkg/devices/api_test.go: the kubelet
+    is told a device's NUMA node when sysfs gives one and excludeTopology is not set, for network
+    devices and accelerators alike."""
     numa, exclude, want = TOPOLOGY_CASES[case]
     host = SimulatedHost.build(root, "cx6dx")
     host.set_numvfs(PF0, 1)
@@ -1457,9 +1462,9 @@ ACCEL_FILTER_CASES: dict[str, tuple[Any, set[str]]] = {
 
 @pytest.mark.parametrize("case", list(ACCEL_FILTER_CASES))
 def test_sriov_accelerator_filtered_devices(root: Path, case: str) -> None:
-    """k8snetworkplumbingwg/sriov-network-device-plugin pkg/accelerator/
-    accelDeviceProvider_test.go, "getting Filtered devices", the case named by `case`, on
-    accelerators (class 12) with the attributes of upstream's five mocks."""
+    """k8snetworkplumbingwg/sriov-network-device-plugin pkg/accelerator/accelDeviceProvider_test.go,
+    "getting Filtered devices", the case named by `case`, on accelerators (class 12) with the
+    attributes of upstream's five mocks."""
     host = SimulatedHost.build(root, "cpu")
     for address, (vendor, device, driver) in ACCELERATORS.items():
         host.add_pci_device(address, vendor, device, 0x120000)
@@ -1470,7 +1475,7 @@ def test_sriov_accelerator_filtered_devices(root: Path, case: str) -> None:
 
 
 def test_sriov_accelerator_discovery_and_allocate(root: Path) -> None:
-    """k8snetworkplumbingwg/sriov-network-device-plugin pkg/accelerator/ accelDeviceProvider_test.go
+    """k8snetworkplumbingwg/sriov-network-device-plugin pkg/accelerator/accelDeviceProvider_test.go
     "adding 4 target devices" (an accelerator PF with VFs configured is offered like one without; a
     device whose class cannot be read, or without a driver, is not), accelDevice_test.go "should
     return AccelDevice object instance" and "device's PF name is not available" (a vfio-pci
@@ -1521,13 +1526,13 @@ AUX_FILTER_CASES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
 
 @pytest.mark.parametrize("case", list(AUX_FILTER_CASES))
 def test_sriov_aux_filtered_devices(root: Path, case: str) -> None:
-    """k8snetworkplumbingwg/sriov-network-device-plugin pkg/auxnetdevice/
-    auxNetDeviceProvider_test.go, "getting Filtered devices", the case named by `case`, and "adding
-    3 target devices" (only PFs with auxiliary devices give any): scalable functions of a
-    BlueField-3's two ports, one each, by their parent PF's attributes and their SF number (the
-    index of pfNames#...). nicop serves only auxTypes "sf", so upstream's "bar" and "baz" become
-    "sf" (see test_sriov_aux_valid_config); the selector-index case takes the second object of
-    [{"vendors": ["None"]}, <this>]."""
+    """k8snetworkplumbingwg/sriov-network-device-plugin
+    pkg/auxnetdevice/auxNetDeviceProvider_test.go, "getting Filtered devices", the case named by
+    `case`, and "adding 3 target devices" (only PFs with auxiliary devices give any): scalable
+    functions of a BlueField-3's two ports, one each, by their parent PF's attributes and their SF
+    number (the index of pfNames#...). nicop serves only auxTypes "sf", so upstream's "bar" and
+    "baz" become "sf" (see test_sriov_aux_valid_config); the selector-index case takes the second
+    object of [{"vendors": ["None"]}, <this>]."""
     host = SimulatedHost.build(root, "bf3")
     sfs = {"sf1": host.add_sf("enp3s0f0np0", 1), "sf2": host.add_sf("enp3s0f1np1", 2)}
     selectors, want = AUX_FILTER_CASES[case]
@@ -1541,7 +1546,7 @@ def test_sriov_aux_filtered_devices(root: Path, case: str) -> None:
 
 def test_sriov_vf_whose_pf_has_no_netdev(root: Path) -> None:
     """k8snetworkplumbingwg/sriov-network-device-plugin pkg/netdevice/pciNetDevice_test.go and
-    pkg/devices/devices_test.go "device's PF name is not available", with pkg/utils/ utils_test.go
+    pkg/devices/devices_test.go "device's PF name is not available", with pkg/utils/utils_test.go
     "getting PF names legacy" ("device is a VF and interface name does not exist"): VFs whose PF has
     no netdev here (moved to another network namespace) are still offered and found by rootDevices,
     but a pfNames selector cannot take them."""
