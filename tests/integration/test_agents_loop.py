@@ -264,7 +264,9 @@ def test_a_config_file_the_agent_cannot_use_is_reported_on_its_pod_and_the_last_
     (agent,) = [a for a in agents(cluster, IB_NODE) if a.command == command]
     node = client.get(Node, IB_NODE)
     served = {k: v for k, v in (node.status.allocatable or {}).items() if k.startswith("nvidia")}
-    config = volume_dir(cluster, pod, "config") / "config.json"
+    # The volume of the plugin's ConfigMap (upstream names it per plugin).
+    (volume,) = [v.name for v in pod.spec.volumes if v.configMap]
+    config = volume_dir(cluster, pod, volume) / "config.json"
     good = config.read_text()
 
     def replace(content: str | None) -> None:
