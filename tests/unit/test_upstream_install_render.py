@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.api_defaults import differences, without_defaults
 
 from nicop.api.kinds import KINDS
 from nicop.operator.states import STATES
 from nicop.operator.states.base import Context
 from nicop.operator.templates import substance, what_runs
 from nicop.sim import hardware
-from tests.api_defaults import differences, without_defaults
 
 Obj = dict[str, Any]
 INSTALL = Path(__file__).parent.parent / "data" / "upstream-install"
