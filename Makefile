@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test lint controlplane helm promtool venv clean-cluster proto crds
+.PHONY: demo test lint controlplane helm promtool runtime image venv clean-cluster proto crds
 
 $(INSTALLED): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -24,6 +24,16 @@ helm:
 # Builds promtool (checks the chart's PrometheusRule) once per machine.
 promtool:
 	@hack/build-promtool.sh >/dev/null
+
+# Builds containerd, runc, crictl, the reference CNI plugins and pause (a real node's runtime)
+# once per machine.
+runtime:
+	@hack/build-runtime.sh >/dev/null
+
+# Builds nicop's OCI image (Debian bookworm + nicop in a virtualenv; root, no registry), cached
+# by the sources that make it; prints the archive's path.
+image: $(INSTALLED)
+	@PYTHON=$(PY) hack/build-image.sh
 
 demo: $(INSTALLED) controlplane
 	$(VENV)/bin/nicop demo

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kwok, and kubectl to look at it) from the published Go modules pinned in
-# hack/controlplane/go.mod.
+# kube-scheduler, kwok, kubectl to look at it, and the kubelet of a real node) from the
+# published Go modules pinned in hack/controlplane/go.mod.
 # Binaries go to a cache directory keyed by the pins, so a machine builds them once.
 # Prints the directory holding the binaries as its last line.
 set -euo pipefail
@@ -15,7 +15,7 @@ require_go "Kubernetes 1.36"
 
 key=$(cache_key "$mod")
 out="$cache_root/controlplane/$key"
-binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok kubectl)
+binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok kubectl kubelet)
 
 missing=()
 for b in "${binaries[@]}"; do [ -x "$out/bin/$b" ] || missing+=("$b"); done
@@ -53,6 +53,7 @@ declare -A pkgs=(
   [kube-scheduler]=k8s.io/kubernetes/cmd/kube-scheduler
   [kwok]=sigs.k8s.io/kwok/cmd/kwok
   [kubectl]=k8s.io/kubernetes/cmd/kubectl
+  [kubelet]=k8s.io/kubernetes/cmd/kubelet
 )
 n=1
 for b in "${binaries[@]}"; do
