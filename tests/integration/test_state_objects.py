@@ -113,7 +113,8 @@ async def shrink(kubeconfig: Path, namespace: str) -> None:
         await rig.client.apply(upstream_crd)
 
         rig.rendered = ["crd", "configmap"]
-        await eventually(lambda: rig.cached(CONFIGMAP, f"{rig.namespace}/upstream-made"))
+        await eventually(lambda: rig.cached(CONFIGMAP, f"{rig.namespace}/upstream-made")
+                         and rig.cached(CRD, UPSTREAM_CRD))
         first = await rig.apply()
         crd = await rig.client.get(CRD, RENDERED_CRD)
         assert not crd["metadata"].get("ownerReferences"), "a CRD is never owned by the policy"
