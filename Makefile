@@ -5,10 +5,11 @@ INSTALLED := $(VENV)/.installed
 
 .PHONY: demo test lint controlplane helm promtool runtime image venv clean-cluster proto crds
 
-$(INSTALLED): pyproject.toml
+# nicop (what a user installs) and nicop-sim (the simulation, the local cluster and the demo).
+$(INSTALLED): pyproject.toml sim/pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev]' -e ./sim
 	@touch $@
 
 venv: $(INSTALLED)
@@ -42,7 +43,7 @@ test: $(INSTALLED) controlplane helm promtool lint
 	$(PY) -m pytest
 
 lint: $(INSTALLED)
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src sim tests bench
 	$(VENV)/bin/mypy
 
 clean-cluster: $(INSTALLED)

@@ -29,8 +29,8 @@ from nicop.node.deviceplugin.rdma import RdmaAgent, load_config
 from nicop.node.deviceplugin.server import DEVICE_PLUGIN_PATH
 from nicop.node.deviceplugin.sriov import SriovAgent
 from nicop.node.discovery import scan
-from nicop.sim.hardware import SimulatedHost
-from nicop.sim.kubelet import Kubelet
+from nicop_sim.hardware import SimulatedHost
+from nicop_sim.kubelet import Kubelet
 
 RDMA = "rdma/hca_shared_devices_a"
 VF = "nvidia.com/sriov_ib_vf"

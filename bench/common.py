@@ -18,7 +18,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace
 
 from nicop.api.install import install_crds
-from nicop.sim.cluster import LocalCluster, free_port
+from nicop_sim.cluster import LocalCluster, free_port
 
 NCP = create_global_resource("mellanox.com", "v1alpha1", "NicClusterPolicy",
                              "nicclusterpolicies")

@@ -52,7 +52,10 @@ trap 'rm -rf "$work"' EXIT
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-1767225600}  # 2026-01-01
 
 step "1/4 wheels: nicop $version and its dependencies for CPython 3.11 (manylinux)"
-"$python" -m pip wheel --quiet --no-deps --wheel-dir "$work/wheels" "$top" \
+# From a copy: setuptools leaves a build/ directory in the tree it builds.
+mkdir -p "$work/source"
+cp -r "$top/src" "$top/pyproject.toml" "$top/README.md" "$work/source/"
+"$python" -m pip wheel --quiet --no-deps --wheel-dir "$work/wheels" "$work/source" \
   || fail "build wheel" "pip wheel of $top failed"
 "$python" -m pip download --quiet --only-binary=:all: --python-version 3.11 \
   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \

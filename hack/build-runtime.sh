@@ -14,8 +14,15 @@ tag=runtime
 . "$here/lib.sh"
 require_go "containerd 2.4"
 command -v gcc >/dev/null 2>&1 || fail "find gcc" "runc and pause need a C compiler: apt-get install gcc libc6-dev"
+# runc filters system calls with libseccomp (containerd runs every pod sandbox under the
+# runtime's default seccomp profile).
+if [ ! -e /usr/include/seccomp.h ]; then
+  step "installing libseccomp-dev (Debian package) for runc"
+  apt-get install -y -qq libseccomp-dev >/dev/null \
+    || fail "install libseccomp-dev" "runc needs libseccomp-dev: apt-get install libseccomp-dev"
+fi
 
-key=$( (cat "$mod/go.mod" "$mod/go.sum" "$here/controlplane/go.mod") | sha256sum | cut -c1-12)
+key=$( (cat "$mod/go.mod" "$mod/go.sum" "$here/controlplane/go.mod" "$0") | sha256sum | cut -c1-12)
 out="$cache_root/runtime/$key"
 link_current() { ln -sfn "$key" "$cache_root/runtime/current"; }
 binaries=(containerd containerd-shim-runc-v2 ctr runc crictl bridge host-local loopback portmap pause)
@@ -71,10 +78,10 @@ for b in "${binaries[@]}"; do
       || fail "compile pause" "gcc -static $pause_c failed (is libc6-dev installed?)"
   else
     step "$n/$total compiling $b (${pkgs[$b]})"
-    # runc needs cgo (its nsenter is C); without the seccomp tag it needs no libseccomp.
+    # runc needs cgo (its nsenter is C) and libseccomp (the seccomp tag).
     cgo=0
     tags="no_btrfs no_devmapper no_zfs"
-    [ "$b" = runc ] && cgo=1 && tags=""
+    [ "$b" = runc ] && cgo=1 && tags="seccomp"
     CGO_ENABLED=$cgo go build -trimpath -tags "$tags" -ldflags "-s -w ${stamps[$b]:-}" \
       -o "$out/bin/$b.tmp" "${pkgs[$b]}" \
       || fail "compile $b" "go build ${pkgs[$b]} failed (see the compiler output above)"

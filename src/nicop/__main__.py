@@ -16,10 +16,15 @@ if sys.argv[1:] == ["probe-ready"]:
     sys.exit(0 if ok else 1)
 
 if len(sys.argv) == 4 and sys.argv[1:3] == ["driver", "probe"]:
+    import os
+    from pathlib import Path
+
+    from nicop.cli.platform import current
     from nicop.node.kernel import PROBE_KINDS, probe_from_env
 
     if sys.argv[3] in PROBE_KINDS:
-        ok, reason = probe_from_env(sys.argv[3])
+        host = current().host(Path(os.environ.get("NICOP_HOST_ROOT") or "/"))
+        ok, reason = probe_from_env(sys.argv[3], host)
         print(reason)
         sys.exit(0 if ok else 1)
 

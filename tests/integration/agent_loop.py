@@ -11,7 +11,7 @@ from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Node, Pod
 from prometheus_client.parser import text_string_to_metric_families
 
-from nicop.sim.cluster import Agent, LocalCluster
+from nicop_sim.cluster import Agent, LocalCluster
 
 
 def agents(cluster: LocalCluster, node: str | None = None) -> list[Agent]:

@@ -17,7 +17,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, ServiceAccount
 from tests.integration.operator_process import NAMESPACE, OperatorProcess
 
-from nicop.sim.cluster import LocalCluster, running_cluster
+from nicop_sim.cluster import LocalCluster, running_cluster
 
 NODES = 4
 

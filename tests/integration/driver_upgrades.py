@@ -21,7 +21,7 @@ from lightkube.resources.policy_v1 import PodDisruptionBudget
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
 
 from nicop.api.install import install_crds
-from nicop.sim.cluster import LocalCluster, running_cluster
+from nicop_sim.cluster import LocalCluster, running_cluster
 
 STATE = "nvidia.com/ofed-driver-upgrade-state"
 WORK = "work"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from nicop.kube.client import WRITE_VERBS
-from nicop.sim.cluster import free_port
+from nicop_sim.cluster import free_port
 
 METRIC = re.compile(r'^nicop_api_requests_total\{resource="([^"]+)",verb="([^"]+)"\} ([0-9.e+]+)$')
 

@@ -36,7 +36,7 @@ from tests.integration.agent_loop import (
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
 
 from nicop.node.kernel import version_matches
-from nicop.sim.cluster import LocalCluster
+from nicop_sim.cluster import LocalCluster
 
 NicClusterPolicy = create_global_resource("mellanox.com", "v1alpha1", "NicClusterPolicy",
                                           "nicclusterpolicies")

@@ -30,7 +30,7 @@ from tests.integration.agent_loop import allocatable, pods, ready
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
 
 from nicop.api.install import install_crds
-from nicop.sim.cluster import LocalCluster, running_cluster
+from nicop_sim.cluster import LocalCluster, running_cluster
 
 NODES = ["node-1", "node-2", "node-3"]
 SRIOV_NODE = "node-2"  # ConnectX-6 Dx

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nicop.sim.cluster import COMPONENTS, LocalCluster
+from nicop_sim.cluster import COMPONENTS, LocalCluster
 
 
 def nicop(*args: str, state_dir: Path, bin_dir: Path) -> subprocess.CompletedProcess[str]:

@@ -20,7 +20,7 @@ from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Node, Pod
 
-from nicop.sim.hardware import MELLANOX_PRESENT_LABEL
+from nicop_sim.hardware import MELLANOX_PRESENT_LABEL
 
 
 def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):  # type: ignore[no-untyped-def]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nicop.sim.cluster import COMPONENTS, LocalCluster
+from nicop_sim.cluster import COMPONENTS, LocalCluster
 
 
 @pytest.fixture

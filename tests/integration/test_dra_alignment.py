@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -28,10 +29,10 @@ from nicop.node import discovery
 from nicop.node.dra.devices import node_devices, node_pool
 from nicop.node.dra.publisher import SlicePublisher
 from nicop.node.dra.slices import PoolContent
-from nicop.sim import gpu_dra
-from nicop.sim.cluster import LocalCluster
-from nicop.sim.dra_kubelet import ANNOTATION
-from nicop.sim.hardware import SimulatedHost
+from nicop_sim import gpu_dra
+from nicop_sim.cluster import LocalCluster
+from nicop_sim.dra_kubelet import ANNOTATION
+from nicop_sim.hardware import SimulatedHost
 
 NODE = "node-1"  # the DGX of the test cluster's layout
 CLAIM_TEMPLATE = Resource("resource.k8s.io", "v1", "ResourceClaimTemplate",
@@ -117,6 +118,11 @@ async def vf_user(client: ApiClient, namespace: str) -> AsyncIterator[None]:
         await client.delete(CLAIM_TEMPLATE, "two-ib-vfs", namespace)
 
 
+
+def simulated(root: Path) -> dict[str, str]:
+    """The environment a simulated node gives its agents: its hardware is the tree at root."""
+    return {**os.environ, "NICOP_PLATFORM": "sim", "NICOP_SIM_ROOT": str(root)}
+
 def test_the_dra_plugin_process_publishes_the_nodes_devices_and_withdraws_them_on_sigterm(
     kubeconfig: Path, root: Path
 ) -> None:
@@ -124,9 +130,9 @@ def test_the_dra_plugin_process_publishes_the_nodes_devices_and_withdraws_them_o
     (gpu.nvidia.com) appear as the node's slices; SIGTERM takes them away and exits 0."""
     SimulatedHost.build(root, "dgx", seed=1)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "nicop", "dra-plugin", "--node-name", NODE, "--sim-root",
-         str(root), "--kubeconfig", str(kubeconfig), "--poll-interval", "0.5"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [sys.executable, "-m", "nicop", "dra-plugin", "--node-name", NODE,
+         "--kubeconfig", str(kubeconfig), "--poll-interval", "0.5"],
+        env=simulated(root), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     async def devices() -> dict[str, int]:
         client = ApiClient(kubeconfig)
@@ -296,9 +302,9 @@ def test_the_node_prepares_a_pods_claim_through_the_plugin_and_unprepares_it_whe
         time.sleep(0.2)
     host.set_numvfs(pf, 4)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "nicop", "dra-plugin", "--node-name", NODE, "--sim-root",
-         str(root), "--kubeconfig", str(kubeconfig), "--poll-interval", "0.5"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [sys.executable, "-m", "nicop", "dra-plugin", "--node-name", NODE,
+         "--kubeconfig", str(kubeconfig), "--poll-interval", "0.5"],
+        env=simulated(root), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     async def main() -> None:
         client = ApiClient(kubeconfig)

@@ -42,10 +42,10 @@ from nicop.api import dra
 from nicop.kube.client import ApiClient
 from nicop.kube.resources import DEVICE_CLASS, POD
 from nicop.operator.states.base import name_hash
-from nicop.sim import gpu_dra
-from nicop.sim.cluster import LocalCluster
-from nicop.sim.dra_kubelet import ANNOTATION
-from nicop.sim.hardware import SimulatedHost
+from nicop_sim import gpu_dra
+from nicop_sim.cluster import LocalCluster
+from nicop_sim.dra_kubelet import ANNOTATION
+from nicop_sim.hardware import SimulatedHost
 
 NicNodePolicy = create_global_resource(
     "mellanox.com", "v1alpha1", "NicNodePolicy", "nicnodepolicies")

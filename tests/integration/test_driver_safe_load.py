@@ -20,8 +20,8 @@ from nicop.node.driver import (
     DriverConfig,
     SafeLoad,
 )
-from nicop.sim.hardware import PROFILES, SimulatedHost
-from nicop.sim.kernel import SimulatedBackend, SimulatedKernel
+from nicop_sim.hardware import PROFILES, SimulatedHost
+from nicop_sim.kernel import SimulatedBackend, SimulatedKernel
 
 NODE = "node-3"  # a ConnectX-6 Dx node of the test cluster
 OLD, NEW = "24.07-0.6.1.0", "24.10-1.1.4.0"

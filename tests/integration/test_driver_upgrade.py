@@ -30,7 +30,7 @@ from tests.integration.driver_upgrades import (
 )
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
 
-from nicop.sim.cluster import LocalCluster
+from nicop_sim.cluster import LocalCluster
 
 NODES = 30
 POLICY: dict[str, Any] = {

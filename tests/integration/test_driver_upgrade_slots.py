@@ -28,7 +28,7 @@ from tests.integration.driver_upgrades import (
 )
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
 
-from nicop.sim.cluster import LocalCluster
+from nicop_sim.cluster import LocalCluster
 
 NODES = 10
 BLOCKED = "node-1"  # among the first three to start, so its failure happens mid-rollout

@@ -42,7 +42,7 @@ from nicop.operator import nodes as node_rules
 from nicop.operator.run import LEASE_NAME
 from nicop.operator.states import STATES
 from nicop.operator.states.base import Context
-from nicop.sim.cluster import free_port
+from nicop_sim.cluster import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "nicop"

@@ -16,7 +16,7 @@ from nicop.kube.informer import Informer
 from nicop.kube.leader import LeaderElector
 from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.resources import CONFIGMAP, EVENT, LEASE, NODE, Resource
-from nicop.sim.cluster import free_port
+from nicop_sim.cluster import free_port
 
 T = TypeVar("T")
 

@@ -20,8 +20,8 @@ from lightkube.resources.core_v1 import Node, Pod
 from nicop.node.deviceplugin.rdma import RdmaAgent, load_config
 from nicop.node.deviceplugin.server import DEVICE_PLUGIN_PATH
 from nicop.node.deviceplugin.sriov import SriovAgent
-from nicop.sim.hardware import SimulatedHost
-from nicop.sim.kubelet import DEVICES_ANNOTATION, Kubelet
+from nicop_sim.hardware import SimulatedHost
+from nicop_sim.kubelet import DEVICES_ANNOTATION, Kubelet
 
 NODE = "node-2"  # a cx6dx node of the test cluster
 RDMA = "rdma/hca_shared_devices_a"

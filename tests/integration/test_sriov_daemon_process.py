@@ -34,7 +34,7 @@ from tests.integration.test_sriov_e2e import (
 
 from nicop.api.labels import BLOCKED_ANNOTATION, CURRENT_STATE, DESIRED_STATE
 from nicop.kube.resources import NODE, Obj
-from nicop.sim.hardware import SimulatedHost
+from nicop_sim.hardware import SimulatedHost
 
 NODE_NAME = "node-3"  # the shared cluster's other ConnectX-6 Dx node
 
@@ -45,8 +45,9 @@ class DaemonProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nicop", "sriov-config-daemon", "--node-name", NODE_NAME,
              "--namespace", namespace, "--kubeconfig", str(kubeconfig), "--host-root", str(root),
-             "--sim-root", str(root), "--resync-interval", "1", "--log-format", "json"],
-            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ},
+             "--resync-interval", "1", "--log-format", "json"],
+            stdout=self._log, stderr=subprocess.STDOUT,
+            env={**os.environ, "NICOP_PLATFORM": "sim", "NICOP_SIM_ROOT": str(root)},
         )
 
     def stop(self, sig: int = signal.SIGTERM) -> int:

@@ -43,7 +43,7 @@ from tests.integration.test_sriov_e2e import (
 from nicop.api.install import install_crds
 from nicop.api.labels import CURRENT_STATE, DESIRED_STATE
 from nicop.kube.resources import NODE, Obj
-from nicop.sim.cluster import LocalCluster, running_cluster
+from nicop_sim.cluster import LocalCluster, running_cluster
 
 NODES = [f"node-{i}" for i in range(1, 6)]
 OPERATOR_NS = "sriov-operator"

@@ -57,8 +57,8 @@ from nicop.operator.sriov_networks import (
     SRIOV_NETWORK,
     SriovNetworkController,
 )
-from nicop.sim.hardware import SimulatedHost
-from nicop.sim.kubelet import Kubelet
+from nicop_sim.hardware import SimulatedHost
+from nicop_sim.kubelet import Kubelet
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_NAME = "node-2"  # a ConnectX-6 Dx node of the shared cluster

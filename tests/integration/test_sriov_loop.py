@@ -33,8 +33,8 @@ from tests.integration.agent_loop import (
 )
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
 
-from nicop.sim.cluster import LocalCluster
-from nicop.sim.hardware import STOP_AFTER_NUMVFS, SimulatedHost
+from nicop_sim.cluster import LocalCluster
+from nicop_sim.hardware import STOP_AFTER_NUMVFS, SimulatedHost
 
 NODE = "node-2"  # a ConnectX-6 Dx node of the shared cluster
 PF = "0000:3b:00.0"  # its first port, enp59s0f0np0

@@ -22,10 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nicop.cli.platform import PLATFORM_ENV
 from nicop.cni.daemon import CniDaemon, DaemonOptions
 from nicop.cni.install import install
 from nicop.cni.netlink import Netns, get_link
-from nicop.sim.hardware import Nic, Profile, SimulatedHost
+from nicop_sim.hardware import Nic, Profile, SimulatedHost
+from nicop_sim.pf import RecordingRdmaControl, RecordingVfControl
+from nicop_sim.platform import PF_ENV
 
 SOCKET = "/run/nicop/cni.sock"
 POD_ARGS = "IgnoreUnknown=true;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod};K8S_POD_UID=uid-{pod}"
@@ -173,8 +176,14 @@ class Node:
     def options(self) -> DaemonOptions:
         return DaemonOptions(
             host_root=self.root, socket=SOCKET, host_netns=self.netns,
-            pf_recorder=self.root / "pf", pools_file=self.root / "pools.json", workers=64,
+            vfs=RecordingVfControl(self.pf_dir), rdma=RecordingRdmaControl(self.pf_dir),
+            pools_file=self.root / "pools.json", workers=64,
         )
+
+    @property
+    def pf_dir(self) -> Path:
+        """Where the node's simulated PFs keep their VF settings (nicop_sim.pf)."""
+        return self.root / "pf"
 
     def write_pools(self, pools: dict[str, Any]) -> None:
         self.pools = pools
@@ -410,8 +419,9 @@ class DaemonProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "nicop", "cni-daemon", "--host-root", str(o.host_root),
                  "--socket", o.socket, "--host-netns", str(o.host_netns), "--pools-file",
-                 str(o.pools_file), "--pf-recorder", str(o.pf_recorder), "--no-api"],
+                 str(o.pools_file), "--no-api"],
                 stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, PLATFORM_ENV: "sim", PF_ENV: str(self.node.pf_dir)},
             )
         deadline = time.monotonic() + 30
         while not self.node.socket.exists():

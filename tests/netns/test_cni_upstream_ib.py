@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 from tests.netns.cni_harness import Node, links
 
-from nicop.cni.rdma import RecordingRdmaControl
 from nicop.cni.spec import CniError, Code
-from nicop.cni.vf import RecordingVfControl
+from nicop_sim.pf import RecordingRdmaControl, RecordingVfControl
 
 pytestmark = pytest.mark.netns
 

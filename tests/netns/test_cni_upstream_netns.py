@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from tests.netns.cni_harness import Node, addresses, links, validate_result
 
-from nicop.cni.rdma import RecordingRdmaControl
+from nicop_sim.pf import RecordingRdmaControl
 
 pytestmark = pytest.mark.netns
 

@@ -22,7 +22,7 @@ import pytest
 from tests.netns.cni_harness import CniCall, Node, addresses, links, wait_until
 
 from nicop.cni.netlink import Netns
-from nicop.cni.vf import RecordingVfControl
+from nicop_sim.pf import RecordingVfControl
 
 pytestmark = pytest.mark.netns
 

@@ -26,10 +26,10 @@ from nicop.node.sriov_daemon import FAILED, SUCCEEDED, report_metrics
 from nicop.operator import cni_daemon, sriov_daemons
 from nicop.operator.states import dra_driver, ofed, rdma_dp, sriov_dp
 from nicop.operator.states.base import Context
-from nicop.sim.hardware import PROFILES, SimulatedHost
-from nicop.sim.kernel import SimulatedBackend, SimulatedKernel
-from nicop.sim.kubelet import Kubelet
-from nicop.sim.node import node_address
+from nicop_sim.hardware import PROFILES, SimulatedHost
+from nicop_sim.kernel import SimulatedBackend, SimulatedKernel
+from nicop_sim.kubelet import Kubelet
+from nicop_sim.node import node_address
 
 RDMA = json.dumps({"configList": [{"resourceName": "a", "resourcePrefix": "rdma",
                                    "rdmaHcaMax": 8, "selectors": {"vendors": ["15b3"]}}]})

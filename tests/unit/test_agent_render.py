@@ -47,7 +47,7 @@ def test_an_image_is_nicop_by_its_name(ref: str, nicop: bool) -> None:
 
 def test_kwok_skips_exactly_the_pods_the_node_stand_in_runs() -> None:
     """kwok's stage selectors and nicop.api.agents use one rule for nicop's pods."""
-    stages = list(yaml.safe_load_all((ROOT / "src/nicop/sim/kwok-stages.yaml").read_text()))
+    stages = list(yaml.safe_load_all((ROOT / "sim/nicop_sim/kwok-stages.yaml").read_text()))
     pod_stages = [s for s in stages if s["spec"]["resourceRef"]["kind"] == "Pod"]
     assert pod_stages
     for stage in pod_stages:

@@ -17,8 +17,8 @@ from nicop.api import dra
 from nicop.node import discovery
 from nicop.node.dra.devices import node_devices, node_pool
 from nicop.node.dra.slices import PoolContent, build_slices
-from nicop.sim import gpu_dra
-from nicop.sim.hardware import SimulatedHost
+from nicop_sim import gpu_dra
+from nicop_sim.hardware import SimulatedHost
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "dra"
 NODE = "node-1"

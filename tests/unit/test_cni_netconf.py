@@ -14,7 +14,8 @@ import pytest
 from tests.netns.cni_harness import validate_error
 
 from nicop.cni.daemon import CniDaemon, DaemonOptions
-from nicop.sim.hardware import SimulatedHost
+from nicop_sim.hardware import SimulatedHost
+from nicop_sim.pf import RecordingRdmaControl, RecordingVfControl
 
 VF = "0000:3b:00.2"
 ENV = {
@@ -35,7 +36,8 @@ def daemon() -> Iterator[CniDaemon]:
     host.set_numvfs(host.pfs()[0], 2)
     (root / "pools.json").write_text(json.dumps(
         {"pool1": {"subnet": "10.1.0.0/24", "gateway": "10.1.0.1"}}))
-    d = CniDaemon(DaemonOptions(host_root=root, pf_recorder=root / "pf",
+    d = CniDaemon(DaemonOptions(host_root=root, vfs=RecordingVfControl(root / "pf"),
+                                rdma=RecordingRdmaControl(root / "pf"),
                                 pools_file=root / "pools.json"))
     yield d
     asyncio.run(d.close())

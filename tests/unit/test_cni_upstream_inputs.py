@@ -19,7 +19,8 @@ import pytest
 from nicop.cni import shim, spec
 from nicop.cni.daemon import CniDaemon, DaemonOptions
 from nicop.cni.plugin import normalize_mac
-from nicop.sim.hardware import SimulatedHost
+from nicop_sim.hardware import SimulatedHost
+from nicop_sim.pf import RecordingRdmaControl, RecordingVfControl
 
 # skel_test.go's BeforeEach environment ("dispatching to the correct callback").
 SKEL_ENV = {
@@ -35,7 +36,8 @@ def daemon() -> Iterator[CniDaemon]:
     host = SimulatedHost.build(root, "cx6dx")
     host.set_numvfs(host.pfs()[0], 2)
     (root / "pools.json").write_text(json.dumps({"pool1": {"subnet": "10.1.0.0/24"}}))
-    d = CniDaemon(DaemonOptions(host_root=root, pf_recorder=root / "pf",
+    d = CniDaemon(DaemonOptions(host_root=root, vfs=RecordingVfControl(root / "pf"),
+                                rdma=RecordingRdmaControl(root / "pf"),
                                 pools_file=root / "pools.json"))
     yield d
     asyncio.run(d.close())

@@ -22,7 +22,8 @@ import pytest
 from nicop.cni import spec
 from nicop.cni.daemon import CniDaemon, DaemonOptions
 from nicop.cni.install import PLUGINS, install, shim_script
-from nicop.sim.hardware import SimulatedHost
+from nicop_sim.hardware import SimulatedHost
+from nicop_sim.pf import RecordingRdmaControl, RecordingVfControl
 
 ENV = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/run/netns/no-such-pod",
        "CNI_IFNAME": "net1", "CNI_PATH": "/opt/cni/bin",
@@ -39,7 +40,8 @@ def daemon() -> Iterator[CniDaemon]:
     host.set_numvfs(host.pfs()[0], 3)
     host.bind_driver("0000:3b:00.4", None)  # a VF without driver: no netdev, not DPDK
     (root / "pools.json").write_text(json.dumps({"pool1": {"subnet": "10.1.0.0/24"}}))
-    d = CniDaemon(DaemonOptions(host_root=root, pf_recorder=root / "pf",
+    d = CniDaemon(DaemonOptions(host_root=root, vfs=RecordingVfControl(root / "pf"),
+                                rdma=RecordingRdmaControl(root / "pf"),
                                 pools_file=root / "pools.json"))
     yield d
     asyncio.run(d.close())

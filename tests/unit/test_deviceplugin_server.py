@@ -21,7 +21,7 @@ from nicop.node.deviceplugin.server import (
     DevicePluginServer,
     RegistrationRejected,
 )
-from nicop.sim.kubelet import Kubelet, extended_resource_error
+from nicop_sim.kubelet import Kubelet, extended_resource_error
 
 RESOURCE = "example.com/nic"
 

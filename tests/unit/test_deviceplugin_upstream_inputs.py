@@ -27,8 +27,8 @@ from nicop.node.deviceplugin.sriov import load_config as load_sriov
 from nicop.node.report import Reporter
 from nicop.operator.states import rdma_dp, sriov_dp
 from nicop.operator.states.base import Context
-from nicop.sim.hardware import SimulatedHost
-from nicop.sim.kubelet import Kubelet
+from nicop_sim.hardware import SimulatedHost
+from nicop_sim.kubelet import Kubelet
 
 PF0, PF1 = "enp59s0f0np0", "enp59s0f1np1"  # the two ports of the cx6dx profile
 

@@ -40,8 +40,8 @@ from nicop.node.deviceplugin.server import DEVICE_PLUGIN_PATH, RegistrationRejec
 from nicop.node.deviceplugin.sriov import SriovAgent
 from nicop.node.deviceplugin.sriov import load_config as load_sriov
 from nicop.node.discovery import Netdev, PciFunction
-from nicop.sim.hardware import SimulatedHost
-from nicop.sim.kubelet import Kubelet
+from nicop_sim.hardware import SimulatedHost
+from nicop_sim.kubelet import Kubelet
 
 DEVINFO = "/var/run/k8s.cni.cncf.io/devinfo/dp"
 

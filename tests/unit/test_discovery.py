@@ -6,7 +6,7 @@ from pathlib import Path
 
 from nicop.node.discovery import scan
 from nicop.node.host import Host
-from nicop.sim.hardware import SimulatedHost
+from nicop_sim.hardware import SimulatedHost
 
 
 def test_dgx_nics_their_rdma_devices_and_numa(tmp_path: Path) -> None:

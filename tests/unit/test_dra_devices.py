@@ -11,8 +11,8 @@ import pytest
 from nicop.api import dra
 from nicop.node.discovery import scan
 from nicop.node.dra.devices import Device, node_devices, node_pool
-from nicop.sim.gpu_dra import GPU_DRIVER, gpu_device_class, gpu_devices
-from nicop.sim.hardware import SimulatedHost
+from nicop_sim.gpu_dra import GPU_DRIVER, gpu_device_class, gpu_devices
+from nicop_sim.hardware import SimulatedHost
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -11,8 +11,8 @@ from nicop.api import dra
 from nicop.node.discovery import scan
 from nicop.node.dra.devices import node_pool
 from nicop.node.dra.slices import PoolContent, SlicePlan, build_slices, plan, slice_name
-from nicop.sim.gpu_dra import GPU_DRIVER, gpu_slices
-from nicop.sim.hardware import SimulatedHost
+from nicop_sim.gpu_dra import GPU_DRIVER, gpu_slices
+from nicop_sim.hardware import SimulatedHost
 
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 

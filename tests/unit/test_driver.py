@@ -18,8 +18,8 @@ from nicop.node.driver import (
     nic_functions,
 )
 from nicop.node.kernel import loaded_modules, probe, version_matches
-from nicop.sim.hardware import PROFILES, SimulatedHost
-from nicop.sim.kernel import SimulatedBackend, SimulatedKernel
+from nicop_sim.hardware import PROFILES, SimulatedHost
+from nicop_sim.kernel import SimulatedBackend, SimulatedKernel
 
 NEW = "24.10-1.1.4.0"
 OLD = "24.07-0.6.1.0"

@@ -17,8 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from nicop.cli import app
-from nicop.sim.hardware import PROFILES, SimulatedHost
-from nicop.sim.kernel import SimulatedKernel
+from nicop_sim.hardware import PROFILES, SimulatedHost
+from nicop_sim.kernel import SimulatedKernel
 
 NICOP = [sys.executable, "-m", "nicop"]
 READY = "run/mellanox/drivers/.driver-ready"
@@ -72,9 +72,9 @@ def test_the_probe_as_the_daemonset_runs_it_answers_the_same_without_loading_the
 
 def _driver(node: Path, log: Path, **env: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [*NICOP, "driver", "run", "--backend", "sim", "--host-root", str(node),
+        [*NICOP, "driver", "run", "--host-root", str(node),
          "--log-format", "json", "--validation-timeout", "2"],
-        env={**os.environ, "NVIDIA_NIC_DRIVER_VER": VERSION, **env},
+        env={**os.environ, "NVIDIA_NIC_DRIVER_VER": VERSION, "NICOP_PLATFORM": "sim", **env},
         stderr=log.open("w"),
     )
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from nicop.sim.hardware import SimulatedHost
-from nicop.sim.kernel import SimulatedKernel
+from nicop_sim.hardware import SimulatedHost
+from nicop_sim.kernel import SimulatedKernel
 
 RELEASE = "6.8.0-45-generic"
 

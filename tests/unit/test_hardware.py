@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nicop.sim.hardware import (
+from nicop_sim.hardware import (
     MELLANOX_PRESENT_LABEL,
     PROFILES,
     SimulatedHost,

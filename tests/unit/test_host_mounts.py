@@ -9,8 +9,8 @@ import pytest
 
 from nicop.node.host import MOUNTS_ENV, Host, Mounts
 from nicop.node.readiness import Readiness, probe
-from nicop.sim.network import selections
-from nicop.sim.pods import expand
+from nicop_sim.network import selections
+from nicop_sim.pods import expand
 
 
 def test_the_longest_mount_wins_and_the_root_takes_the_rest() -> None:

@@ -15,8 +15,8 @@ import pytest
 from nicop.node.deviceplugin.rdma import RdmaAgent, load_config
 from nicop.node.deviceplugin.server import DEVICE_PLUGIN_PATH
 from nicop.node.deviceplugin.sriov import SriovAgent
-from nicop.sim.hardware import SimulatedHost
-from nicop.sim.kubelet import Kubelet
+from nicop_sim.hardware import SimulatedHost
+from nicop_sim.kubelet import Kubelet
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from nicop.node.sriov_daemon import (
     discover,
     plan,
 )
-from nicop.sim.hardware import SimulatedHost
+from nicop_sim.hardware import SimulatedHost
 
 PF0, PF1 = "enp59s0f0np0", "enp59s0f1np1"
 PCI0, PCI1 = "0000:3b:00.0", "0000:3b:00.1"

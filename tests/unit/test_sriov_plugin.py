@@ -20,8 +20,8 @@ from nicop.cli import app
 from nicop.node.deviceplugin.config import ConfigError
 from nicop.node.deviceplugin.server import DEVICE_PLUGIN_PATH
 from nicop.node.deviceplugin.sriov import SriovAgent, load_config
-from nicop.sim.hardware import SimulatedHost
-from nicop.sim.kubelet import Kubelet
+from nicop_sim.hardware import SimulatedHost
+from nicop_sim.kubelet import Kubelet
 
 RDMA_VF = "nvidia.com/sriov_rdma_vf"
 ENV = "PCIDEVICE_NVIDIA_COM_SRIOV_RDMA_VF"

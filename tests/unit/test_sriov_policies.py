@@ -11,7 +11,7 @@ import yaml
 
 from nicop.node.sriov_daemon import discover
 from nicop.operator.sriov import device_plugin_config, node_state_spec, refusals
-from nicop.sim.hardware import SimulatedHost
+from nicop_sim.hardware import SimulatedHost
 
 ROOT = Path(__file__).resolve().parents[2]
 PF0, PF1 = "enp59s0f0np0", "enp59s0f1np1"  # the two ports of the cx6dx profile

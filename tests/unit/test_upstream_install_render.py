@@ -16,7 +16,7 @@ from nicop.api.kinds import KINDS
 from nicop.operator.states import STATES
 from nicop.operator.states.base import Context
 from nicop.operator.templates import substance, what_runs
-from nicop.sim import hardware
+from nicop_sim import hardware
 
 Obj = dict[str, Any]
 INSTALL = Path(__file__).parent.parent / "data" / "upstream-install"

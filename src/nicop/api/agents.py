@@ -15,7 +15,8 @@ IMAGE_NAME = "nicop"
 IMAGE_ENV = "NICOP_IMAGE"
 # A container image reference whose name is `nicop`: [registry/path/]nicop[:tag][@digest].
 _NICOP_REF = re.compile(r"^(?:.+/)?nicop(?::[^/@]+)?(?:@.+)?$")
-# The same rule as a jq expression over a pod, for kwok's stage selectors (sim/kwok-stages.yaml).
+# The same rule as a jq expression over a pod, for kwok's stage selectors
+# (nicop_sim/kwok-stages.yaml).
 NICOP_POD_JQ = ('[(.spec.initContainers // [])[], (.spec.containers // [])[]] '
                 '| any(.image | test("^(.+/)?nicop(:[^/@]+)?(@.+)?$"))')
 

@@ -1,13 +1,20 @@
-"""The `nicop` command: every agent, the local cluster, status and diagnosis.
+"""The `nicop` command: every agent, status and diagnosis.
 
 One module per area registers its commands on the shared app; each command imports what it
-needs when it runs, so an agent's probe or `--help` starts fast.
+needs when it runs, so an agent's probe or `--help` starts fast. Other distributions add
+commands through the entry point group `nicop.cli` (nicop-sim: the local cluster, the demo and
+the simulated nodes).
 """
 
 from __future__ import annotations
 
-from nicop.cli import agents, bundle, cluster, driver, inspect, operator, sim  # noqa: F401
+from importlib.metadata import entry_points
+
+from nicop.cli import agents, bundle, driver, inspect, operator  # noqa: F401
 from nicop.cli.common import app
+
+for _extension in entry_points(group="nicop.cli"):
+    _extension.load()
 
 
 def main() -> None:

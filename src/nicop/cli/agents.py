@@ -17,12 +17,12 @@ from nicop.cli.common import (
     Kubeconfig,
     LogFormat,
     MetricsPort,
-    SimRoot,
     app,
     console,
     fail,
     fail_plain,
     in_container,
+    platform,
     run_agent,
 )
 
@@ -59,12 +59,6 @@ UseCdi = Annotated[
     bool,
     typer.Option("--use-cdi", help="Describe devices in CDI spec files (/var/run/cdi) and hand "
                  "them to containers by CDI name, as upstream's --use-cdi."),
-]
-PfRecorder = Annotated[
-    Path | None,
-    typer.Option(envvar="NICOP_PF_RECORDER",
-                 help="Simulated nodes: PF-side VF settings (MAC, VLAN, ...) are recorded in this "
-                 "directory instead of being programmed into a PF."),
 ]
 NodeName = Annotated[str, typer.Option(envvar="NODE_NAME", help="This node.")]
 
@@ -197,8 +191,6 @@ def sriov_config_daemon(
     drain_timeout: Annotated[
         float, typer.Option(min=1.0, help="Seconds to wait for the node's drain.")
     ] = 900.0,
-    pf_recorder: PfRecorder = None,
-    sim_root: SimRoot = None,
     log_format: LogFormat = "text",
     metrics_port: MetricsPort = 0,
 ) -> None:
@@ -208,31 +200,18 @@ def sriov_config_daemon(
     import asyncio
 
     from nicop.kube.client import ApiClient
-    from nicop.node.host import Host
-    from nicop.node.sriov_daemon import DaemonOptions, SriovConfigDaemon, VfVlan
+    from nicop.node.sriov_daemon import DaemonOptions, SriovConfigDaemon
 
     if not node_name:
         raise fail("the node's name is needed: set NODE_NAME or --node-name")
-    vf_vlan: VfVlan | None = None
-    if pf_recorder is not None:
-        from nicop.cni.vf import RecordingVfControl
-
-        recorder = RecordingVfControl(pf_recorder)
-
-        def vf_vlan(pf: str, vf: int) -> int | None:
-            return recorder.get(pf, vf).vlan
     options = DaemonOptions(
         node_name=node_name, namespace=namespace, resync_interval=resync_interval,
         max_attempts=max_attempts, retry_delay=retry_delay,
         failed_retry_interval=failed_retry_interval, drain_timeout=drain_timeout,
     )
-    host: Host
-    if sim_root is not None:  # writes to sriov_numvfs create VFs there, as the kernel would
-        from nicop.sim.hardware import SimulatedHost
-
-        host = SimulatedHost(sim_root)
-    else:
-        host = Host.in_container(host_root)
+    machine = platform()
+    host = machine.host(host_root)
+    vf_vlan = machine.vf_vlan()
 
     async def main(stop: asyncio.Event) -> None:
         client = ApiClient(kubeconfig)
@@ -249,7 +228,6 @@ def dra_plugin(
     node_name: NodeName = "",
     kubeconfig: Kubeconfig = None,
     host_root: HostRoot = Path("/"),
-    sim_root: SimRoot = None,
     poll_interval: PollInterval = 1.0,
     log_format: LogFormat = "text",
     metrics_port: MetricsPort = 0,
@@ -257,9 +235,9 @@ def dra_plugin(
     """Publish this node's RDMA NICs and VFs as DRA devices (driver rdma.nicop.io): one
     ResourceSlice pool per node, rescanned as the device plugins do; removed when it stops.
     Serves the kubelet's DRA plugin API (registration in /var/lib/kubelet/plugins_registry),
-    preparing allocated claims as CDI specs in /var/run/cdi. On a simulated node (--sim-root)
-    the node's simulated GPUs are published too, as the NVIDIA GPU DRA driver (gpu.nvidia.com)
-    would, so GPU-NIC claims can be tried.
+    preparing allocated claims as CDI specs in /var/run/cdi. On a simulated node (nicop-sim's
+    platform) the node's simulated GPUs are published too, as the NVIDIA GPU DRA driver
+    (gpu.nvidia.com) would, so GPU-NIC claims can be tried.
 
     Example: nicop dra-plugin --node-name node-1 --kubeconfig ~/.kube/config
     """
@@ -271,21 +249,13 @@ def dra_plugin(
     from nicop.node.dra.devices import node_pool
     from nicop.node.dra.plugin import DraPlugin
     from nicop.node.dra.publisher import PoolSource, SlicePublisher
-    from nicop.node.dra.slices import PoolContent
-    from nicop.node.host import Host
     from nicop.node.readiness import Readiness
 
     if not node_name:
         raise fail("the node's name is needed: set NODE_NAME or --node-name")
-    host: Host = Host.in_container(host_root)
-    sources: dict[str, PoolSource] = {}
-    if sim_root is not None:
-        from nicop.sim import gpu_dra
-        from nicop.sim.hardware import SimulatedHost
-
-        sim = SimulatedHost(sim_root)
-        host = sim
-        sources[gpu_dra.GPU_DRIVER] = lambda: PoolContent(gpu_dra.gpu_devices(sim))
+    machine = platform()
+    host = machine.host(host_root)
+    sources: dict[str, PoolSource] = dict(machine.extra_dra_pools(host))
     sources[dra.DRIVER] = lambda: node_pool(discovery.scan(host), host)
 
     async def main(stop: asyncio.Event) -> None:
@@ -353,7 +323,6 @@ def cni_daemon(
                      help="Network namespace holding the node's devices (default: the "
                      "daemon's own; simulated nodes set it)."),
     ] = None,
-    pf_recorder: PfRecorder = None,
     cleaner_interval: Annotated[
         float, typer.Option(help="Seconds between checks for addresses of deleted pods.")
     ] = 60.0,
@@ -380,9 +349,11 @@ def cni_daemon(
         host_root=host_root, socket=socket, node_name=node_name, kubeconfig=kubeconfig,
         use_api=api, pools_namespace=pools_namespace,
         pools_file=in_container(pools_file) if pools_file else None,
-        host_netns=host_netns, pf_recorder=pf_recorder, cleaner_interval=cleaner_interval,
+        host_netns=host_netns, cleaner_interval=cleaner_interval,
         cleaner_checks=cleaner_checks, health_port=health_port,
     )
+    if controls := platform().pf_controls():
+        options.vfs, options.rdma = controls
 
     async def main(stop: asyncio.Event) -> None:
         await CniDaemon(options).run(stop)

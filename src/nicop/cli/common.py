@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from nicop.cli.platform import HostPlatform
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -60,12 +63,6 @@ HostRoot = Annotated[
 LogFormat = Annotated[
     str, typer.Option("--log-format", help="text, or json (one object per line).")
 ]
-SimRoot = Annotated[
-    Path | None,
-    typer.Option("--sim-root", envvar="NICOP_SIM_ROOT",
-                 help="Simulated nodes only: the node's kernel and NIC hardware are the tree at "
-                 "this path (set by the node stand-in; `nicop sim-host build` makes one)."),
-]
 Kubeconfig = Annotated[
     Path | None,
     typer.Option(envvar="KUBECONFIG", help="Kubeconfig; ~/.kube/config or in-cluster when unset."),
@@ -94,3 +91,13 @@ def run_agent(main: object, log_format: str, log_level: str = "info",
                                after_log_setup, metrics_port)
     if reason:
         raise fail_plain(reason)
+
+
+def platform() -> HostPlatform:
+    """The machine this agent works on ($NICOP_PLATFORM); a CLI error when not installed."""
+    from nicop.cli.platform import PlatformError, current
+
+    try:
+        return current()
+    except PlatformError as e:
+        raise fail_plain(str(e)) from None

@@ -11,11 +11,11 @@ from nicop.cli.common import (
     HostRoot,
     LogFormat,
     MetricsPort,
-    SimRoot,
     app,
     fail,
     fail_plain,
     in_container,
+    platform,
 )
 
 driver_app = typer.Typer(
@@ -79,18 +79,6 @@ def driver_run(
     validation_timeout: Annotated[
         float, typer.Option(min=0, help="Seconds to wait for every device to come back.")
     ] = 120.0,
-    backend: Annotated[
-        str,
-        typer.Option(envvar="NICOP_DRIVER_BACKEND",
-                     help="host: package manager and modprobe; sim: the simulated kernel of "
-                     "the node under --sim-root, else --host-root."),
-    ] = "host",
-    sim_build_seconds: Annotated[
-        float,
-        typer.Option(help="With --backend sim: build from sources taking this long (0: the "
-                     "version is precompiled)."),
-    ] = 0.0,
-    sim_root: SimRoot = None,
     log_format: LogFormat = "text",
     metrics_port: MetricsPort = 0,
 ) -> None:
@@ -103,8 +91,6 @@ def driver_run(
     from nicop import logs
     from nicop.api.labels import SAFE_LOAD_ANNOTATION
     from nicop.node import driver
-    from nicop.node.driver_backends import DriverBackend, HostBackend
-    from nicop.node.host import Host
     from nicop.node.metrics import serve_metrics
 
     logs.setup("info", log_format)
@@ -122,20 +108,12 @@ def driver_run(
         raise fail_plain(str(e)) from None
     if cfg.safe_load and not cfg.node_name:
         raise fail("safe load needs the node's name: set NODE_NAME or --node-name")
-    host = Host.in_container(host_root)
-    chosen: DriverBackend
-    if backend == "sim":
-        from nicop.sim.kernel import SimulatedBackend, SimulatedKernel
-
-        chosen = SimulatedBackend(
-            SimulatedKernel(sim_root or in_container(host_root)),
-            precompiled=[] if sim_build_seconds > 0 else [cfg.version],
-            build_seconds=sim_build_seconds,
-        )
-    elif backend == "host":
-        chosen = HostBackend(driver.os_id(host), sources, inventory, nfsrdma=cfg.enable_nfsrdma)
-    else:
-        raise fail(f"--backend must be host or sim, not {backend!r}")
+    # The machine's kernel (modules, release) and files as the driver sees them: on a node
+    # with simulated hardware, the simulated kernel's.
+    machine = platform()
+    host = machine.host(host_root)
+    chosen = machine.driver_backend(host, cfg.version, sources=sources,
+                                    inventory=inventory, nfsrdma=cfg.enable_nfsrdma)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -173,11 +151,10 @@ def driver_probe(
     version: DriverVersion = None,
 ) -> None:
     """Exit 0 or 1 with a one-line reason, for the driver DaemonSet's probes."""
-    from nicop.node.host import Host
     from nicop.node.kernel import probe
 
     try:
-        ok, reason = probe(Host.in_container(host_root), kind, ready_file, version)
+        ok, reason = probe(platform().host(host_root), kind, ready_file, version)
     except ValueError as e:
         raise fail(str(e)) from None
     print(reason)

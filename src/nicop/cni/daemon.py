@@ -31,7 +31,7 @@ from nicop.cni.ipam import Ipam, NvIpamPlugin
 from nicop.cni.netlink import Netns
 from nicop.cni.plugin import NodeContext, Plugin
 from nicop.cni.pools import FilePools, KubePools, PoolSource
-from nicop.cni.rdma import NetlinkRdmaControl, RdmaControl, RecordingRdmaControl
+from nicop.cni.rdma import NetlinkRdmaControl, RdmaControl
 from nicop.cni.spec import (
     LATEST,
     SUPPORTED_VERSIONS,
@@ -44,7 +44,7 @@ from nicop.cni.spec import (
 from nicop.cni.sriov import IbSriovPlugin, SriovPlugin
 from nicop.cni.state import KeyedLocks, sweep_temp
 from nicop.cni.store import Store
-from nicop.cni.vf import NetlinkVfControl, RecordingVfControl, VfControl
+from nicop.cni.vf import NetlinkVfControl, VfControl
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.manager import Manager
 from nicop.kube.resources import NODE
@@ -77,9 +77,10 @@ class DaemonOptions:
     pools_file: Path | None = None
     host_netns: str | None = None
     """The namespace holding the node's devices; the daemon's own when unset."""
-    pf_recorder: Path | None = None
-    """Record PF-side VF settings and RDMA namespace moves in this directory instead of
-    programming a PF."""
+    vfs: VfControl | None = None
+    """How VF settings reach the PF; netlink on the node's PFs when unset."""
+    rdma: RdmaControl | None = None
+    """How RDMA devices change namespace; RDMA netlink when unset."""
     cleaner_interval: float = 60.0
     cleaner_checks: int = 3
     health_port: int = 0
@@ -118,10 +119,8 @@ class CniDaemon:
         for owned in ("sriov", "ib-sriov", "host-device", "nv-ipam"):
             sweep_temp(self.host, f"/var/lib/cni/{owned}")
         self.ipam = Ipam(self.store, pools)
-        vfs: VfControl = (RecordingVfControl(options.pf_recorder) if options.pf_recorder
-                          else NetlinkVfControl(self.host_ns))
-        rdma: RdmaControl = (RecordingRdmaControl(options.pf_recorder) if options.pf_recorder
-                             else NetlinkRdmaControl(self.host_ns))
+        vfs = options.vfs or NetlinkVfControl(self.host_ns)
+        rdma = options.rdma or NetlinkRdmaControl(self.host_ns)
         self.ctx = NodeContext(self.host, self.host_ns, vfs, self.ipam, KeyedLocks(), rdma)
         self.plugins: dict[str, Plugin] = {
             "sriov": SriovPlugin(self.ctx),

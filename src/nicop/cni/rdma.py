@@ -3,19 +3,16 @@
 With the RDMA subsystem in exclusive mode (`rdma system set netns exclusive`) an RDMA device
 belongs to one network namespace, and only processes there see it. `RdmaControl` is the one
 interface the plugins use: `NetlinkRdmaControl` asks the kernel (RDMA netlink, the calls behind
-`rdma system show` and `rdma dev set <dev> netns <ns>`), `RecordingRdmaControl` keeps the state
-in a file and logs each call, for nodes without RDMA hardware.
+`rdma system show` and `rdma dev set <dev> netns <ns>`); a simulated node brings its own
+(nicop_sim.pf).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import struct
-import threading
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from nicop.cni.netlink import Netns, open_netns
 from nicop.cni.spec import CniError, Code
@@ -42,56 +39,6 @@ class RdmaControl(Protocol):
     def move(self, device: str, src: str, dst: str) -> None:
         """Move RDMA `device` from the namespace at path `src` to the one at `dst` ("" is the
         node's own)."""
-
-
-class RecordingRdmaControl:
-    """RDMA state kept in `<dir>/rdma.json`, every call appended to `<dir>/rdma.calls` (named
-    after the netlink library calls upstream makes: RdmaSystemGetNetnsMode, RdmaLinkSetNsFd)."""
-
-    def __init__(self, directory: Path) -> None:
-        self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-
-    def _load(self) -> dict[str, Any]:
-        path = self.dir / "rdma.json"
-        return dict(json.loads(path.read_text())) if path.exists() else {}
-
-    def _save(self, state: dict[str, Any], call: str) -> None:
-        tmp = self.dir / "rdma.json.tmp"
-        tmp.write_text(json.dumps(state))
-        tmp.replace(self.dir / "rdma.json")
-        with open(self.dir / "rdma.calls", "a") as f:
-            f.write(call + "\n")
-
-    def set_netns_mode(self, mode: str) -> None:
-        """What `rdma system set netns <mode>` does on a real node."""
-        with self._lock:
-            self._save({**self._load(), "netns_mode": mode}, f"RdmaSystemSetNetnsMode {mode}")
-
-    def netns_mode(self) -> str:
-        with self._lock:
-            return str(self._load().get("netns_mode", SHARED))  # the kernel's default
-
-    def namespaces(self) -> dict[str, str]:
-        """RDMA device -> the namespace path it was moved into ("" for the node's)."""
-        with self._lock:
-            return {str(k): str(v) for k, v in (self._load().get("netns") or {}).items()}
-
-    def calls(self) -> list[str]:
-        path = self.dir / "rdma.calls"
-        return path.read_text().splitlines() if path.exists() else []
-
-    def move(self, device: str, src: str, dst: str) -> None:
-        with self._lock:
-            state = self._load()
-            where = dict(state.get("netns") or {})
-            if where.get(device, "") != src:
-                raise CniError(Code.INTERNAL, f"RDMA device {device} not found in "
-                               f"{src or 'the node namespace'}")
-            where[device] = dst
-            state["netns"] = where
-            self._save(state, f"RdmaLinkSetNsFd {device} {dst or 'host'}")
 
 
 class NetlinkRdmaControl:

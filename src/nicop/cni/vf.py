@@ -1,17 +1,13 @@
 """VF settings held by the PF (VLAN, admin MAC, rates, spoof check, trust, link state, GUIDs).
 
 The kernel keeps these on the PF's netdev (IFLA_VF_INFO), not on the VF. `VfControl` is the one
-interface the plugins use: `NetlinkVfControl` talks to the kernel, `RecordingVfControl` keeps the
-state in files and logs each call the way sriov-cni's integration harness does
-(`LinkSetVfVlanQosProto enp175s0f1 0 1234 0 33024`), for nodes without a PF.
+interface the plugins use: `NetlinkVfControl` talks to the kernel (a simulated node brings its
+own, nicop_sim.pf).
 """
 
 from __future__ import annotations
 
-import json
-import threading
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pyroute2.netlink.exceptions import NetlinkError
@@ -118,59 +114,3 @@ class NetlinkVfControl:
     def set_guid(self, pf: str, vf: int, guid: str) -> None:
         self._set(pf, vf, "the node GUID", ib_node_guid=guid)
         self._set(pf, vf, "the port GUID", ib_port_guid=guid)
-
-
-class RecordingVfControl:
-    """VF settings kept in `<dir>/<pf>.json`, every call appended to `<dir>/<pf>.calls`."""
-
-    def __init__(self, directory: Path) -> None:
-        self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-
-    def _load(self, pf: str) -> dict[str, Any]:
-        path = self.dir / f"{pf}.json"
-        return json.loads(path.read_text()) if path.exists() else {}
-
-    def get(self, pf: str, vf: int) -> VfState:
-        with self._lock:
-            return VfState(**self._load(pf).get(str(vf), {}))
-
-    def calls(self, pf: str) -> list[str]:
-        path = self.dir / f"{pf}.calls"
-        return path.read_text().splitlines() if path.exists() else []
-
-    def _record(self, pf: str, vf: int, call: str, *args: object, **changes: Any) -> None:
-        with self._lock:
-            states = self._load(pf)
-            state = {**asdict(VfState()), **states.get(str(vf), {}), **changes}
-            states[str(vf)] = state
-            tmp = self.dir / f"{pf}.json.tmp"
-            tmp.write_text(json.dumps(states))
-            tmp.replace(self.dir / f"{pf}.json")
-            with open(self.dir / f"{pf}.calls", "a") as f:
-                f.write(" ".join([call, pf, str(vf), *map(str, args)]) + "\n")
-
-    def set_vlan(self, pf: str, vf: int, vlan: int, qos: int, proto: int) -> None:
-        self._record(pf, vf, "LinkSetVfVlanQosProto", vlan, qos, proto,
-                     vlan=vlan, qos=qos, proto=proto)
-
-    def set_mac(self, pf: str, vf: int, mac: str) -> None:
-        self._record(pf, vf, "LinkSetVfHardwareAddr", mac, mac=mac)
-
-    def set_rate(self, pf: str, vf: int, min_rate: int, max_rate: int) -> None:
-        self._record(pf, vf, "LinkSetVfRate", min_rate, max_rate,
-                     min_tx_rate=min_rate, max_tx_rate=max_rate)
-
-    def set_spoofchk(self, pf: str, vf: int, on: bool) -> None:
-        self._record(pf, vf, "LinkSetVfSpoofchk", str(on).lower(), spoofchk=on)
-
-    def set_trust(self, pf: str, vf: int, on: bool) -> None:
-        self._record(pf, vf, "LinkSetVfTrust", str(on).lower(), trust=on)
-
-    def set_link_state(self, pf: str, vf: int, state: int) -> None:
-        self._record(pf, vf, "LinkSetVfState", state, link_state=state)
-
-    def set_guid(self, pf: str, vf: int, guid: str) -> None:
-        self._record(pf, vf, "LinkSetVfNodeGUID", guid, node_guid=guid)
-        self._record(pf, vf, "LinkSetVfPortGUID", guid, port_guid=guid)

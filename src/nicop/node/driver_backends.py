@@ -3,7 +3,7 @@
 The agent decides *what* to do (which version, which modules, in which order); a backend does it.
 `HostBackend` runs the distro's package manager, the driver's build script, `modprobe` and
 `rmmod` as subprocesses, as the upstream driver container does. The simulated backend in
-`nicop.sim.kernel` does the same to a fixture tree, so every decision of the agent is tested
+`nicop_sim.kernel` does the same to a fixture tree, so every decision of the agent is tested
 without root or a ConnectX card.
 """
 

@@ -12,7 +12,6 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from nicop.api.labels import DRIVER_READY_FILE
 from nicop.node.host import Host
@@ -109,9 +108,9 @@ def probe(host: Host, kind: str, ready_file: str = DRIVER_READY_FILE,
 
 
 
-def probe_from_env(kind: str, env: Mapping[str, str] = os.environ) -> tuple[bool, str]:
+def probe_from_env(kind: str, host: Host, env: Mapping[str, str] = os.environ
+                   ) -> tuple[bool, str]:
     """`probe` with what the driver container's environment says (as `nicop driver probe`
-    reads its options: $NICOP_HOST_ROOT, $DRIVER_READY_PATH, $NVIDIA_NIC_DRIVER_VER)."""
-    host = Host.in_container(Path(env.get("NICOP_HOST_ROOT") or "/"))
+    reads its options: $DRIVER_READY_PATH, $NVIDIA_NIC_DRIVER_VER), on `host`."""
     return probe(host, kind, env.get("DRIVER_READY_PATH") or DRIVER_READY_FILE,
                  env.get("NVIDIA_NIC_DRIVER_VER") or None)

@@ -5,7 +5,7 @@ gets it as `--metrics-port`. The agent listens on its pod's IP (`$POD_IP`, from 
 API's status.podIP), which for a hostNetwork pod is its node's address: exactly what a
 PodMonitor scrapes. Binding that address rather than every address lets several nodes share one
 machine: the node stand-ins give each simulated node a loopback address of its own as its pods'
-IP (`nicop.sim.node.node_address`), so the same port on every node does not collide. Without
+IP (`nicop_sim.node.node_address`), so the same port on every node does not collide. Without
 $POD_IP (an agent started by hand) it listens on every address.
 
 Metrics are secondary to the agent's work: a port that cannot be bound is logged as an error and

@@ -11,7 +11,7 @@ The loader keeps the kernel's rules: modprobe loads dependencies first and prefe
 rmmod refuses a module that another module or a process holds (EBUSY, naming the holders); a
 module refuses to load against a dependency from another build ("disagrees about version of
 symbol"), which is what happens when an old ib_core stays loaded under a new mlx5_ib. Loading
-and unloading change the hardware tree of `nicop.sim.hardware` as the drivers would: mlx5_core
+and unloading change the hardware tree of `nicop_sim.hardware` as the drivers would: mlx5_core
 binds the ConnectX functions (netdevs appear; VFs go away when it unloads), mlx5_ib adds the RDMA
 devices with their uverbs/umad character devices, rdma_ucm adds `/dev/infiniband/rdma_cm`.
 Simplifications: the IPoIB netdev of an InfiniBand port comes and goes with mlx5_core (on a real
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from nicop.node.driver_backends import BackendError
-from nicop.sim.hardware import PCI_DEVICES, SimulatedHost
+from nicop_sim.hardware import PCI_DEVICES, SimulatedHost
 
 DRIVER_TAINT = "OE"  # out-of-tree, unsigned: what the driver package's modules show
 

@@ -23,8 +23,8 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from nicop.sim import hardware
-from nicop.sim.cluster import ClusterError, LocalCluster, free_port
+from nicop_sim import hardware
+from nicop_sim.cluster import ClusterError, LocalCluster, free_port
 
 NAMESPACE = "nvidia-network-operator"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

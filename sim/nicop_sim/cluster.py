@@ -32,8 +32,8 @@ from typing import Any
 
 import yaml
 
-from nicop.sim import hardware
-from nicop.sim.pki import CertificateAuthority, KeyPair, service_account_keys
+from nicop_sim import hardware, realnode
+from nicop_sim.pki import CertificateAuthority, KeyPair, service_account_keys
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 HOST = "127.0.0.1"
@@ -59,8 +59,24 @@ def default_bin_dir() -> Path:
     """Where hack/build-controlplane.sh left the binaries (it keeps a `current` link)."""
     if env := os.environ.get("NICOP_CONTROLPLANE_BIN"):
         return Path(env)
-    cache = Path(os.environ.get("NICOP_CACHE", Path.home() / ".cache" / "nicop"))
-    return cache / "controlplane" / "current" / "bin"
+    return cache_dir() / "controlplane" / "current" / "bin"
+
+
+def cache_dir() -> Path:
+    """Where the hack/build-*.sh scripts keep what they build, once per machine."""
+    return Path(os.environ.get("NICOP_CACHE", Path.home() / ".cache" / "nicop"))
+
+
+def default_runtime_dir() -> Path:
+    """Where hack/build-runtime.sh left containerd, runc, crictl and the CNI plugins."""
+    return cache_dir() / "runtime" / "current" / "bin"
+
+
+def default_image() -> Path:
+    """The OCI archive hack/build-image.sh made of this version of nicop."""
+    from importlib.metadata import version
+
+    return cache_dir() / "image" / "current" / f"nicop-{version('nicop')}.oci.tar"
 
 
 def free_port() -> int:
@@ -203,9 +219,13 @@ class LocalCluster:
         die_with_parent: bool = False,
         progress: Progress = lambda _: None,
         node_agents: bool = True,
+        real_nodes: int = 0,
+        real_profile: str = "cx6dx",
     ) -> UpResult:
         """Start the control plane and the nodes; with `node_agents`, a node stand-in per node
-        (`nicop sim-node`) runs the pods of nicop's image there."""
+        (`nicop sim-node`) runs the pods of nicop's image there. `real_nodes` more nodes of
+        `real_profile` run a real kubelet, containerd and runc (root only; see
+        nicop_sim.realnode), named real-1, real-2, ..."""
         start = time.monotonic()
         alive = self.running()
         if all(alive.values()):
@@ -232,9 +252,10 @@ class LocalCluster:
         pki = self._pki()
         try:
             self._start_all(state, pki, die_with_parent, progress)
-            names = self._create_nodes(node_profiles, progress)
+            names = self._create_nodes(node_profiles, progress) if nodes else []
             if node_agents:
                 self.start_node_agents(names, die_with_parent, progress)
+            names += self.start_real_nodes(real_nodes, real_profile, die_with_parent, progress)
         except BaseException:
             self.down()
             raise
@@ -506,6 +527,8 @@ class LocalCluster:
                 "--max-requests-inflight=0",
                 "--max-mutating-requests-inflight=0",
                 f"--cert-dir={self.pki_dir}",
+                # A real node's kubelet is reached at its address (its name resolves nowhere).
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
             ],
             die_with_parent,
         )
@@ -551,7 +574,7 @@ class LocalCluster:
             proc = self._spawn(state, name, args, die_with_parent)
             url = f"https://{HOST}:{p[name]}/healthz"
             waits.append((proc, functools.partial(_http_ok, url, _insecure())))
-        stages = resources.files("nicop.sim").joinpath("kwok-stages.yaml")
+        stages = resources.files("nicop_sim").joinpath("kwok-stages.yaml")
         stages_path = self.state_dir / "kwok-stages.yaml"
         stages_path.write_text(stages.read_text())
         kwok = self._spawn(
@@ -624,6 +647,73 @@ class LocalCluster:
         progress(f"{len(names)} nodes Ready ({time.monotonic() - t:.1f}s)")
         return names
 
+    # ----------------------------------------------------------------- real nodes
+    def real_node(self, name: str) -> realnode.RealNode:
+        """A real node of this cluster (real-<i>): its state under <state>/r/<name>."""
+        index = int(name.rsplit("-", 1)[1])
+        state = self.state_dir / "r" / name
+        return realnode.RealNode(name, state, state / "tree", self._digest, index)
+
+    def start_real_nodes(self, count: int, profile: str, die_with_parent: bool = False,
+                         progress: Progress = lambda _: None) -> list[str]:
+        """`count` real nodes, each Ready from its own kubelet; their Node objects carry the
+        profile's NFD labels, as Node Feature Discovery would put them."""
+        if count <= 0:
+            return []
+        if os.geteuid() != 0:
+            raise ClusterError("a real node needs root (network and mount namespaces, cgroups)")
+        if profile not in hardware.PROFILES:
+            raise ClusterError(f"unknown hardware profile {profile!r}; known: "
+                               f"{', '.join(hardware.PROFILES)}")
+        runtime = default_runtime_dir()
+        kubelet = self.bin_dir / "kubelet"
+        image = default_image()
+        for path, hint in ((runtime / "containerd", "make runtime (hack/build-runtime.sh)"),
+                           (kubelet, "make controlplane (hack/build-controlplane.sh)"),
+                           (image, "make image (hack/build-image.sh)")):
+            if not path.exists():
+                raise ClusterError(f"a real node needs {path}: build it with {hint}")
+        t = time.monotonic()
+        port = self.state().ports["kube-apiserver"]
+        names = [f"real-{i}" for i in range(1, count + 1)]
+        for name in names:
+            labels = hardware.PROFILES[profile].node_labels()
+            try:
+                argv = realnode.prepare(self.real_node(name), server_port=port,
+                                        pki_dir=self.pki_dir, profile=profile, labels=labels,
+                                        runtime_bin=runtime, kubelet=kubelet, image=image)
+            except ValueError as e:
+                raise ClusterError(str(e)) from None
+            self.start_process(f"{name}/real-node", argv, die_with_parent)
+        self._await_real_nodes(names, profile)
+        progress(f"{len(names)} real nodes Ready (kubelet, containerd, runc; "
+                 f"{time.monotonic() - t:.1f}s)")
+        return names
+
+    def _await_real_nodes(self, names: list[str], profile: str) -> None:
+        from lightkube.resources.core_v1 import Node
+
+        client = self.client()
+        deadline = time.monotonic() + 120
+        waiting = set(names)
+        while waiting:
+            for name in sorted(waiting):
+                proc = self.state().processes[f"{name}/real-node"]
+                if not proc.alive():
+                    raise ClusterError(f"real node {name} exited while starting; last lines of "
+                                       f"{proc.log}:\n{_tail(Path(proc.log))}")
+                with contextlib.suppress(Exception):
+                    if _node_ready(client.get(Node, name)):
+                        client.patch(Node, name, {"metadata": {
+                            "annotations": {hardware.PROFILE_ANNOTATION: profile},
+                            "labels": {"node-role.kubernetes.io/worker": ""}}})
+                        waiting.discard(name)
+            if time.monotonic() > deadline:
+                logs = self.real_node(sorted(waiting)[0]).state / "logs" / "kubelet.log"
+                raise ClusterError(f"real nodes {sorted(waiting)} did not become Ready in "
+                                   f"120 s; last lines of {logs}:\n{_tail(logs)}")
+            time.sleep(0.2)
+
     # ----------------------------------------------------------------- down
     def down(self) -> list[str]:
         """Stop every process of the cluster, clients before servers; one report line each.
@@ -635,6 +725,11 @@ class LocalCluster:
         # Newest first: agents and the operator, then kwok ... etcd.
         report = [f"{name}: {self._stop(state.processes[name])}"
                   for name in reversed(list(state.processes))]
+        # A real node's processes are its node process's children; should that one have died
+        # first, its cgroup still holds them: end them, remove its cgroups and network.
+        for folder in sorted((self.state_dir / "r").glob("real-*")):
+            if folder.is_dir():
+                realnode.stop(self.real_node(folder.name))
         state.processes = {}
         if self.state_file.exists():
             state.save(self.state_file)
@@ -645,7 +740,8 @@ class LocalCluster:
         if not self._alive(proc):
             self._reap(proc.pid)
             return f"was not running (pid {proc.pid} had exited)"
-        grace = 1.0 if proc.name == "etcd" else 10.0
+        # A real node stops its kubelet, containerd and every container first.
+        grace = 1.0 if proc.name == "etcd" else 30.0 if proc.name.endswith("/real-node") else 10.0
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace

@@ -15,7 +15,7 @@ from typing import Any
 from nicop.api import dra
 from nicop.node.dra.devices import pcie_root
 from nicop.node.dra.slices import PoolContent, build_slices
-from nicop.sim.hardware import PCI_DEVICES, SimulatedHost
+from nicop_sim.hardware import PCI_DEVICES, SimulatedHost
 
 GPU_DRIVER = "gpu.nvidia.com"
 GPU_CLASS = GPU_DRIVER

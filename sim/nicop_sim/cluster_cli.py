@@ -48,11 +48,19 @@ def cluster_up(
         bool, typer.Option(help="Start a node stand-in per node (runs the pods of nicop's "
                            "image there); without, nicop's agent pods stay Pending.")
     ] = True,
+    real_nodes: Annotated[
+        int, typer.Option(min=0, help="Also start this many real nodes (real-1, ...): a real "
+                          "kubelet with containerd and runc, running nicop's image on simulated "
+                          "NIC hardware (root; `make runtime image` builds what they need).")
+    ] = 0,
+    real_profile: Annotated[
+        str, typer.Option(help="Hardware profile of the real nodes.")
+    ] = "cx6dx",
     state_dir: StateDir = None,
     bin_dir: BinDir = None,
 ) -> None:
     """Start the local cluster and create its nodes; prints the time until all nodes are Ready."""
-    from nicop.sim.cluster import ClusterError, LocalCluster
+    from nicop_sim.cluster import ClusterError, LocalCluster
 
     cluster = LocalCluster(state_dir, bin_dir)
     try:
@@ -61,6 +69,8 @@ def cluster_up(
             profiles=profile,
             apiserver_port=apiserver_port,
             node_agents=node_agents,
+            real_nodes=real_nodes,
+            real_profile=real_profile,
             progress=lambda line: console.print(f"  {line}"),
         )
     except (ClusterError, ValueError) as e:
@@ -78,7 +88,7 @@ def cluster_up(
 @cluster_app.command("down")
 def cluster_down(state_dir: StateDir = None) -> None:
     """Stop every process of the local cluster; its data stays for the next `up`."""
-    from nicop.sim.cluster import LocalCluster
+    from nicop_sim.cluster import LocalCluster
 
     cluster = LocalCluster(state_dir)
     lines = cluster.down()
@@ -91,7 +101,7 @@ def cluster_down(state_dir: StateDir = None) -> None:
 @cluster_app.command("status")
 def cluster_status(state_dir: StateDir = None) -> None:
     """Show which components and node stand-ins run; exits 1 unless the control plane does."""
-    from nicop.sim.cluster import LocalCluster
+    from nicop_sim.cluster import LocalCluster
 
     cluster = LocalCluster(state_dir)
     state = cluster.state()
@@ -114,7 +124,7 @@ def cluster_status(state_dir: StateDir = None) -> None:
 @cluster_app.command("kubeconfig")
 def cluster_kubeconfig(state_dir: StateDir = None) -> None:
     """Print the kubeconfig path: export KUBECONFIG=$(nicop cluster kubeconfig)."""
-    from nicop.sim.cluster import LocalCluster
+    from nicop_sim.cluster import LocalCluster
 
     cluster = LocalCluster(state_dir)
     if not cluster.kubeconfig.exists():
@@ -130,8 +140,8 @@ def demo(
     bin_dir: BinDir = None,
 ) -> None:
     """Run nicop end to end on this machine with simulated GPU nodes."""
-    from nicop import demo as demo_module
-    from nicop.sim.cluster import ClusterError
+    from nicop_sim import demo as demo_module
+    from nicop_sim.cluster import ClusterError
 
     try:
         demo_module.run(console, nodes, profile, state_dir, bin_dir)

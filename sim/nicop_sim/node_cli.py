@@ -37,7 +37,7 @@ def sim_node(
     """Stand in for a simulated node's kubelet: run the pods of nicop's image bound to the node
     as processes on its simulated hardware, register device plugins, report the node's devices."""
     from nicop.node import agent  # first: it quiets gRPC's C core, which reads that at import
-    from nicop.sim import node
+    from nicop_sim import node
 
     options = node.NodeOptions(node_name, kubeconfig, root, pods_dir, netns, crash_backoff)
     reason = agent.run_process(lambda stop: node.run(options, stop), log_format)
@@ -61,7 +61,7 @@ def sim_kubelet(
     (with --kubeconfig, report them on the node and hand them to its pods)."""
     from nicop.node import agent  # first: it quiets gRPC's C core, which reads that at import
     from nicop.node.host import Host
-    from nicop.sim.kubelet import serve
+    from nicop_sim.kubelet import serve
 
     if kubeconfig is not None and not node_name:
         raise fail("--kubeconfig needs --node-name (the node whose status to patch)")
@@ -86,7 +86,7 @@ def sim_host_build(
     seed: Annotated[int, typer.Option(help="Varies MACs and GUIDs between nodes.")] = 0,
 ) -> None:
     """Create the sysfs and /dev tree of a node with the profile's NICs."""
-    from nicop.sim import hardware
+    from nicop_sim import hardware
 
     if profile not in hardware.PROFILES:
         raise fail(f"unknown profile {profile!r}; known: {', '.join(hardware.PROFILES)}")
@@ -102,7 +102,7 @@ def sim_host_link(
     state: Annotated[str, typer.Argument(help="up or down")],
 ) -> None:
     """Take a link up or down (its VFs follow a PF)."""
-    from nicop.sim import hardware
+    from nicop_sim import hardware
 
     if state not in ("up", "down"):
         raise fail(f"state must be up or down, not {state!r}")
@@ -119,7 +119,7 @@ def sim_host_numvfs(
     count: Annotated[int, typer.Argument(help="VFs wanted (0 removes them).")],
 ) -> None:
     """Write sriov_numvfs as the kernel would take it (0 first, then N)."""
-    from nicop.sim import hardware
+    from nicop_sim import hardware
 
     try:
         hardware.SimulatedHost(root).set_numvfs(pf, count)

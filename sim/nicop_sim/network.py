@@ -32,8 +32,8 @@ from nicop.kube.events import EventRecorder
 from nicop.kube.informer import Informer
 from nicop.kube.resources import NETWORK_ATTACHMENT_DEFINITION as NAD
 from nicop.kube.resources import POD, Obj
-from nicop.sim.kubelet import DEVICES_ANNOTATION
-from nicop.sim.pods import is_nicop_pod
+from nicop_sim.kubelet import DEVICES_ANNOTATION
+from nicop_sim.pods import is_nicop_pod
 
 log = logging.getLogger(__name__)
 

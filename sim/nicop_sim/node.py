@@ -3,11 +3,11 @@
 kwok keeps the Node object Ready and plays the pods of other images. This process is the rest of
 the node, for nicop: its hardware (the sysfs tree of its profile, built on first start, with a
 booted simulated kernel), the kubelet's device manager (plugin registration, the node's
-capacity, devices handed to pods, `nicop.sim.kubelet`) and the kubelet's container runtime for
-pods of nicop's image (`nicop.sim.pods`). Agents it starts are told that their kernel is the
-simulated one through the environment (`NICOP_SIM_ROOT`, `NICOP_DRIVER_BACKEND`,
-`NICOP_PF_RECORDER`, `NICOP_HOST_NETNS`), never through their pod spec, which stays the one a
-real node would run.
+capacity, devices handed to pods, `nicop_sim.kubelet`) and the kubelet's container runtime for
+pods of nicop's image (`nicop_sim.pods`). Agents it starts are told that their machine is the
+simulated one through the environment (`NICOP_PLATFORM=sim` with `nicop_sim.platform`'s
+variables, and `NICOP_HOST_NETNS`), never through their pod spec, which stays the one a real
+node would run.
 
 Every simulated node shares this machine's network, yet a real node's hostNetwork agents each
 have their node's address: a scrape of `<pod IP>:<port>` reaches that node's agent, and every
@@ -27,15 +27,17 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from nicop.cli.platform import PLATFORM_ENV
 from nicop.kube.client import ApiClient, ApiError, load_config
 from nicop.kube.resources import NODE, Obj
 from nicop.node.host import Host
-from nicop.sim import hardware
-from nicop.sim.dra_kubelet import DraKubelet
-from nicop.sim.kernel import SimulatedKernel
-from nicop.sim.kubelet import Kubelet
-from nicop.sim.network import NodeNetwork
-from nicop.sim.pods import PodRunner
+from nicop_sim import hardware
+from nicop_sim.dra_kubelet import DraKubelet
+from nicop_sim.kernel import SimulatedKernel
+from nicop_sim.kubelet import Kubelet
+from nicop_sim.network import NodeNetwork
+from nicop_sim.platform import PF_ENV, ROOT_ENV, SimulatedPlatform
+from nicop_sim.pods import PodRunner
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +81,8 @@ def build_tree(root: Path, profile: hardware.Profile, seed: int) -> None:
 
 def sim_env(options: NodeOptions) -> dict[str, str]:
     """What agents on this node learn of its simulated kernel (never from their pod spec)."""
-    env = {"NICOP_SIM_ROOT": str(options.root), "NICOP_DRIVER_BACKEND": "sim",
-           "NICOP_PF_RECORDER": str(options.root / ".sim" / "pf")}
+    env = {PLATFORM_ENV: SimulatedPlatform.name, ROOT_ENV: str(options.root),
+           PF_ENV: str(options.root / ".sim" / "pf")}
     if options.netns:
         env["NICOP_HOST_NETNS"] = f"/run/netns/{options.netns}"
     return env

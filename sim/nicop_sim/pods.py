@@ -12,12 +12,12 @@ two never write one pod. What a kubelet does, this does too:
   /sys, /proc and /dev. The process learns where they are from $NICOP_MOUNTS (nicop.node.host);
 - the pod's ServiceAccount: a token bound to the pod from the TokenRequest API, in a kubeconfig
   ($KUBECONFIG), so agents have exactly the rights the operator's RBAC grants;
-- the node's links live in a network namespace of its own (nicop.sim.network); agents that use
+- the node's links live in a network namespace of its own (nicop_sim.network); agents that use
   netlink are told which ($NICOP_HOST_NETNS), while every process keeps this machine's loopback,
   where the API server listens;
 - exec and httpGet probes (startup, readiness, liveness) with the kubelet's timing rules;
 - the node's address as the pods' hostIP and podIP: one of its own on loopback
-  (nicop.sim.node.node_address), so hostNetwork agents of different nodes can use one port;
+  (nicop_sim.node.node_address), so hostNetwork agents of different nodes can use one port;
 - exits and restarts per restartPolicy, with the kubelet's back-off (CrashLoopBackOff),
   `restartCount` and the last state's exit code and termination message;
 - on deletion: SIGTERM, the grace period, SIGKILL, then the pod object goes.
