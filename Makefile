@@ -34,12 +34,13 @@ runtime:
 # Builds nicop's OCI image (Debian bookworm + nicop in a virtualenv; root, no registry), cached
 # by the sources that make it; prints the archive's path.
 image: $(INSTALLED)
-	@PYTHON=$(PY) hack/build-image.sh
+	@PYTHON=$(PY) hack/build-image.sh >/dev/null
 
 demo: $(INSTALLED) controlplane
 	$(VENV)/bin/nicop demo
 
-test: $(INSTALLED) controlplane helm promtool lint
+# The real node's tests need the runtime and nicop's image (as root; built once, cached).
+test: $(INSTALLED) controlplane runtime image helm promtool lint
 	$(PY) -m pytest
 
 lint: $(INSTALLED)

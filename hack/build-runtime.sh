@@ -18,7 +18,7 @@ command -v gcc >/dev/null 2>&1 || fail "find gcc" "runc and pause need a C compi
 # runtime's default seccomp profile).
 if [ ! -e /usr/include/seccomp.h ]; then
   step "installing libseccomp-dev (Debian package) for runc"
-  apt-get install -y -qq libseccomp-dev >/dev/null \
+  { apt-get update -qq && apt-get install -y -qq libseccomp-dev >/dev/null; } \
     || fail "install libseccomp-dev" "runc needs libseccomp-dev: apt-get install libseccomp-dev"
 fi
 

@@ -803,12 +803,13 @@ def running_cluster(
     profiles: list[str] | None = None,
     progress: Progress = print,
     node_agents: bool = True,
+    real_nodes: int = 0,
 ) -> Iterator[LocalCluster]:
     """A cluster that lives as long as the `with` block, and no longer even if the caller dies."""
     cluster = LocalCluster(state_dir, bin_dir)
     try:
         cluster.up(nodes=nodes, profiles=profiles, die_with_parent=True, progress=progress,
-                   node_agents=node_agents)
+                   node_agents=node_agents, real_nodes=real_nodes)
         yield cluster
     finally:
         cluster.down()

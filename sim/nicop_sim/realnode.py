@@ -307,6 +307,7 @@ class NodeProcess:
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self._netns_fd = -1
         self._host_mounts: str | None = None
+        self._imported = False
 
     # ------------------------------------------------------------ set up
     def join_cgroup(self) -> None:
@@ -442,6 +443,9 @@ class NodeProcess:
             if time.monotonic() > deadline:
                 raise RuntimeError("containerd did not open its socket in 60 s")
             time.sleep(0.1)
+        if self._imported:
+            return
+        self._imported = True
         ctr = [str(self.runtime_bin / "ctr"), "--address", str(socket_path), "-n", "k8s.io"]
         pause = pause_archive(self.runtime_bin / "pause", self.node.state / "pause.oci.tar",
                               PAUSE_IMAGE.rsplit(":", 1)[1])
@@ -458,6 +462,16 @@ class NodeProcess:
             f"--kubeconfig={s}/etc/kubelet.kubeconfig", f"--hostname-override={self.node.name}",
             f"--node-ip={self.node.address}", f"--node-labels={labels}", "--v=2",
             f"--cert-dir={s}/kubelet-pki"])
+
+    def _restart_exited(self) -> None:
+        """As a node's init restarts a service that exited: kubelet or containerd, each time
+        logged (a test stops the kubelet to see the device plugins register again)."""
+        for name, start in (("containerd", self.start_containerd),
+                            ("kubelet", self.start_kubelet)):
+            proc = self.children[name]
+            if proc.poll() is not None:
+                log.warning("%s exited (%s); starting it again", name, proc.returncode)
+                start()
 
     def _check_alive(self, name: str) -> None:
         proc = self.children[name]
@@ -477,7 +491,8 @@ class NodeProcess:
                 minor = {"uverbs": 192, "umad": 0, "issm": 64}.get(entry.rstrip("0123456789"),
                                                                    254) + number
                 path.unlink()
-                os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(231, minor))
+                os.mknod(path, stat.S_IFCHR, os.makedev(231, minor))
+                path.chmod(0o666)
 
     async def run(self) -> None:
         self.join_cgroup()
@@ -496,8 +511,7 @@ class NodeProcess:
         log.info("real node %s up in %s", self.node.name, self.node.netns)
         try:
             while not stop.is_set():
-                for name in self.children:
-                    self._check_alive(name)
+                self._restart_exited()
                 self.sync_devices()
                 links.sync()
                 with contextlib.suppress(TimeoutError):
