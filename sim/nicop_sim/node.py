@@ -27,10 +27,10 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from nicop.cli.platform import PLATFORM_ENV
 from nicop.kube.client import ApiClient, ApiError, load_config
 from nicop.kube.resources import NODE, Obj
 from nicop.node.host import Host
+from nicop.platform import PLATFORM_ENV
 from nicop_sim import hardware
 from nicop_sim.dra_kubelet import DraKubelet
 from nicop_sim.kernel import SimulatedKernel

@@ -16,13 +16,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nicop.cli.platform import HostPlatform
 from nicop.cni.rdma import RdmaControl
 from nicop.cni.vf import VfControl
 from nicop.node.dra.publisher import PoolSource
 from nicop.node.dra.slices import PoolContent
 from nicop.node.driver_backends import DriverBackend
 from nicop.node.host import Host
+from nicop.platform import HostPlatform
 from nicop_sim import gpu_dra
 from nicop_sim.hardware import SimulatedHost
 from nicop_sim.kernel import SimulatedBackend, SimulatedKernel

@@ -19,8 +19,8 @@ if len(sys.argv) == 4 and sys.argv[1:3] == ["driver", "probe"]:
     import os
     from pathlib import Path
 
-    from nicop.cli.platform import current
     from nicop.node.kernel import PROBE_KINDS, probe_from_env
+    from nicop.platform import current
 
     if sys.argv[3] in PROBE_KINDS:
         host = current().host(Path(os.environ.get("NICOP_HOST_ROOT") or "/"))

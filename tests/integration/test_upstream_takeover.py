@@ -298,6 +298,8 @@ def test_nicop_takes_over_a_real_upstream_install_in_place(
         driver_ds = next(o for o in objects if key(o)[1].startswith("mofed-ubuntu22.04"))
         client.patch(DaemonSet, driver_ds["metadata"]["name"], [
             {"op": "add", "path": "/spec/template/metadata/labels/team", "value": "infra"},
+            {"op": "add", "path": "/spec/template/metadata/annotations",
+             "value": {"example.com/owner": "infra"}},
             {"op": "replace", "path": "/spec/template/spec/containers/0/livenessProbe/"
                                       "periodSeconds", "value": 60}],
             namespace=NAMESPACE, patch_type=PatchType.JSON)

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nicop.cli.platform import PLATFORM_ENV
 from nicop.cni.daemon import CniDaemon, DaemonOptions
 from nicop.cni.install import install
 from nicop.cni.netlink import Netns, get_link
+from nicop.platform import PLATFORM_ENV
 from nicop_sim.hardware import Nic, Profile, SimulatedHost
 from nicop_sim.pf import RecordingRdmaControl, RecordingVfControl
 from nicop_sim.platform import PF_ENV

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 if TYPE_CHECKING:
-    from nicop.cli.platform import HostPlatform
+    from nicop.platform import HostPlatform
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -95,7 +95,7 @@ def run_agent(main: object, log_format: str, log_level: str = "info",
 
 def platform() -> HostPlatform:
     """The machine this agent works on ($NICOP_PLATFORM); a CLI error when not installed."""
-    from nicop.cli.platform import PlatformError, current
+    from nicop.platform import PlatformError, current
 
     try:
         return current()
