@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 from nicop.api.labels import MELLANOX_LABEL, NFD
-from nicop.node.host import Host
+from nicop.node.host import Host, Mounts
 
 MELLANOX_VENDOR = "15b3"
 NVIDIA_VENDOR = "10de"
@@ -224,6 +224,16 @@ def _lowest_free(taken: set[int]) -> int:
 
 FAULTS_DIR = ".sim-faults"
 STOP_AFTER_NUMVFS = "stop-after-sriov_numvfs"  # the VFs exist, no driver is bound yet
+# What of a node's tree is its hardware and kernel (the rest, on a real node, is the node's own).
+HARDWARE_PATHS = ("/sys", "/dev/infiniband", "/proc/modules", "/proc/sys/kernel/osrelease",
+                  "/lib/modules", "/etc/os-release", f"/{FAULTS_DIR}")
+
+
+def hardware_mounts(host_root: Path | str, tree: Path | str) -> Mounts:
+    """The tree's hardware seen under `host_root`, every other path as it is: how an agent in a
+    real node's container sees its simulated NICs and kernel."""
+    root = str(host_root).rstrip("/")
+    return Mounts({f"{root}{p}": f"{str(tree).rstrip('/')}{p}" for p in HARDWARE_PATHS})
 
 
 class SimulatedHost(Host):
@@ -235,8 +245,8 @@ class SimulatedHost(Host):
     of each PCI function, which discovery never reads.
     """
 
-    def __init__(self, root: Path | str) -> None:
-        super().__init__(root)
+    def __init__(self, root: Path | str, mounts: Mounts | None = None) -> None:
+        super().__init__(root, mounts)
         self._fail_numvfs: dict[str, int] = {}
 
     # -------------------------------------------------------------------- building
@@ -463,13 +473,13 @@ class SimulatedHost(Host):
     def plant_fault(self, fault: str) -> None:
         """Make the next process that gets to `fault` stop itself there (SIGSTOP), so a test can
         kill it at exactly that point of its work."""
-        path = self.root / FAULTS_DIR / fault
+        path = self.path(f"/{FAULTS_DIR}/{fault}")
         path.parent.mkdir(exist_ok=True)
         path.touch()
 
     def _planted(self, fault: str) -> None:
         try:
-            (self.root / FAULTS_DIR / fault).unlink()
+            self.path(f"/{FAULTS_DIR}/{fault}").unlink()
         except FileNotFoundError:
             return
         os.kill(os.getpid(), signal.SIGSTOP)
@@ -705,8 +715,8 @@ class SimulatedHost(Host):
     # -------------------------------------------------------------------- internals
     def _pci(self, address: str) -> str:
         """The real sysfs directory of a PCI function (what /sys/bus/pci/devices links to)."""
-        link = self.path(f"{PCI_DEVICES}/{address}")
-        return "/" + str(link.resolve().relative_to(self.root.resolve()))
+        link = self.path(f"{PCI_DEVICES}/{address}").resolve()
+        return "/sys/" + str(link.relative_to(self.path("/sys").resolve()))
 
     def _read(self, path: str) -> str:
         text = self.read(path)

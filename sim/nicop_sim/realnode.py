@@ -414,6 +414,7 @@ class NodeProcess:
         env = spec["process"].get("env") or []
         spec["process"]["env"] = [*env, "NICOP_PLATFORM=sim",
                                   f"NICOP_SIM_ROOT={SIM_IN_CONTAINERS}/root",
+                                  "NICOP_SIM_SCOPE=hardware",
                                   f"NICOP_PF_RECORDER={SIM_IN_CONTAINERS}/root/.sim/pf",
                                   f"PYTHONPATH={SIM_IN_CONTAINERS}/site"]
         return spec  # type: ignore[no-any-return]

@@ -14,6 +14,7 @@ from nicop_sim.hardware import (
     SimulatedHost,
     layout,
 )
+from nicop_sim.platform import SimulatedPlatform
 
 PCI = "/sys/bus/pci/devices"
 
@@ -301,3 +302,26 @@ def test_ddptool_answers_from_the_tree(cx6dx: SimulatedHost, tmp_path: Path) -> 
     assert (answer["device"], answer["address"]) == ("1572", "0000:af:00.0")
     assert ddptool("0000:af:00.1").returncode == 8  # an Intel NIC without a profile
     assert ddptool("0000:3b:00.0").returncode != 0  # not an Intel NIC
+
+
+def test_a_real_nodes_container_sees_the_trees_hardware_and_its_own_mounts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a real node (NICOP_SIM_SCOPE=hardware) an agent's host is its container's root with
+    the tree's hardware and kernel in it: VFs it creates appear in the tree with their device
+    nodes (where the node's runtime finds them), while what it writes under /run or /etc goes
+    to its container's mounts, where the kubelet and the other agents look."""
+    tree = SimulatedHost.build(tmp_path / "tree", "cx6dx")
+    container = tmp_path / "host"
+    container.mkdir()
+    monkeypatch.setenv("NICOP_SIM_ROOT", str(tree.root))
+    monkeypatch.setenv("NICOP_SIM_SCOPE", "hardware")
+    host = SimulatedPlatform().host(container)
+    pf = host.listdir("/sys/class/net")[0]
+    host.write(f"/sys/class/net/{pf}/device/sriov_numvfs", "2")
+    assert len(os.listdir(tree.path("/sys/class/net"))) == 4  # two ports, two VFs
+    assert len([n for n in os.listdir(tree.path("/dev/infiniband"))
+                if n.startswith("uverbs")]) == 4
+    (container / "run/mellanox/drivers").mkdir(parents=True)
+    host.write("/run/mellanox/drivers/.driver-ready", "x")
+    assert (container / "run/mellanox/drivers/.driver-ready").exists()
+    assert not tree.path("/run/mellanox").exists()

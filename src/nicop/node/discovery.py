@@ -43,6 +43,11 @@ class Netdev:
 class RdmaDevice:
     name: str  # mlx5_0
     char_devices: tuple[str, ...]  # host paths: /dev/infiniband/uverbs0, umad0, issm0 ...
+    """What the kernel registered (sysfs): where the runtime finds them on the node."""
+    dev_nodes: tuple[str, ...]
+    """Those of `char_devices` this view of /dev holds. A privileged container that does not
+    mount the node's /dev has a copy made when it started, without the nodes of VFs made
+    since; only an agent that mounts /dev can tell a node missing on the host."""
     port_state: str  # "ACTIVE", "DOWN", ... of port 1
     pkey: str | None  # P_Key at index 0 of port 1 (0xffff = default partition)
 
@@ -180,9 +185,8 @@ def _rdma(host: Host, device_path: str) -> tuple[RdmaDevice, ...]:
     for cls in RDMA_CHAR_CLASSES:
         for entry in host.listdir(f"{device_path}/{cls}"):
             ibdev = host.read(f"{device_path}/{cls}/{entry}/ibdev")
-            dev = f"{DEV_INFINIBAND}/{entry}"
-            if ibdev and host.exists(dev):
-                char_devices.setdefault(ibdev, []).append(dev)
+            if ibdev:
+                char_devices.setdefault(ibdev, []).append(f"{DEV_INFINIBAND}/{entry}")
     result = []
     for name in names:
         port = f"{device_path}/infiniband/{name}/ports/1"
@@ -190,6 +194,7 @@ def _rdma(host: Host, device_path: str) -> tuple[RdmaDevice, ...]:
         result.append(RdmaDevice(
             name=name,
             char_devices=tuple(char_devices.get(name, ())),
+            dev_nodes=tuple(p for p in char_devices.get(name, ()) if host.exists(p)),
             port_state=state.partition(": ")[2] or state,
             pkey=host.read(f"{port}/pkeys/0"),
         ))

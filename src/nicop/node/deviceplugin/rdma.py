@@ -246,7 +246,7 @@ class Pool:
             return result
         for address in self.members:
             fn = inv.functions.get(address)
-            paths = [p for r in (fn.rdma if fn else ()) if _complete(r) for p in r.char_devices]
+            paths = [p for r in (fn.rdma if fn else ()) if _complete(r) for p in r.dev_nodes]
             if paths:
                 result[address] = paths
         return result
@@ -279,7 +279,7 @@ class Pool:
 
 
 def _complete(rdma: RdmaDevice) -> bool:
-    kinds = {p.rsplit("/", 1)[-1].rstrip("0123456789") for p in rdma.char_devices}
+    kinds = {p.rsplit("/", 1)[-1].rstrip("0123456789") for p in rdma.dev_nodes}
     return all(k in kinds for k in REQUIRED_CHAR_DEVICES)
 
 
@@ -290,7 +290,7 @@ def _missing(fn: PciFunction, inv: Inventory) -> str | None:
         return "no RDMA device (is mlx5_ib loaded?)"
     if not any(_complete(r) for r in fn.rdma):
         kinds = {p.rsplit("/", 1)[-1].rstrip("0123456789") for r in fn.rdma
-                 for p in r.char_devices}
+                 for p in r.dev_nodes}
         lacking = [k for k in REQUIRED_CHAR_DEVICES if k not in kinds]
         return (f"{','.join(r.name for r in fn.rdma)} has no "
                 + " and no ".join(f"/dev/infiniband/{k}* (is {REQUIRED_CHAR_DEVICES[k]} loaded?)"
