@@ -377,7 +377,7 @@ class DaemonThread:
             self._stop = asyncio.Event()
             self.daemon = CniDaemon(self.options)
             task = asyncio.create_task(self.daemon.run(self._stop))
-            while self.daemon.server is None and not task.done():
+            while not self.daemon.server.serving and not task.done():
                 await asyncio.sleep(0.01)
             self._ready.set()
             await task

@@ -24,7 +24,7 @@ from nicop.node.driver import DriverAgent, DriverConfig
 from nicop.node.metrics import serve_metrics
 from nicop.node.sriov_daemon import FAILED, SUCCEEDED, report_metrics
 from nicop.operator import cni_daemon, sriov_daemons
-from nicop.operator.states import dra_driver, ofed, rdma_dp, sriov_dp
+from nicop.operator.states import dra_driver, multus, ofed, rdma_dp, sriov_dp
 from nicop.operator.states.base import Context
 from nicop_sim.hardware import PROFILES, SimulatedHost
 from nicop_sim.kernel import SimulatedBackend, SimulatedKernel
@@ -59,6 +59,7 @@ def agent_containers() -> list[dict[str, Any]]:
         *sriov_daemons.render_device_plugin(ctx, config),
         *cni_daemon.render(ctx, ["sriov"]),
         *dra_driver.render(ctx, {}, "spec.draDriver"),
+        *multus.render(ctx, {"image": "nicop"}, "spec.secondaryNetwork.multus"),
     ]
     return [c for o in objects if o["kind"] == "DaemonSet"
             for c in o["spec"]["template"]["spec"]["containers"]]

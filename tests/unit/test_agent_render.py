@@ -197,3 +197,53 @@ def test_the_dra_driver_runs_nicops_plugin_beside_the_kubelet_with_its_device_cl
     [ds] = daemonsets(dra_driver.render(node_ctx, {}, "spec.draDriver"))
     assert ds["metadata"]["name"] == f"nicop-dra-driver-ds-{name_hash('dra-gpu-nodes')}"
     assert pod_of(ds)["nodeSelector"]["node-role.kubernetes.io/gpu"] == ""
+
+
+def test_multus_with_nicops_image_runs_nicops_meta_plugin_in_upstreams_daemonset() -> None:
+    """`secondaryNetwork.multus: {image: nicop}`: kube-multus-ds keeps upstream's selector and
+    labels (so it replaces upstream's pods in place), its init container installs the `multus`
+    executable, and `nicop multus-daemon` runs on the host network with the CNI dirs, the
+    socket dir, the pods' namespaces (HostToContainer), the CNI state and the kubelet's
+    PodResources socket; its ServiceAccount may read pods and NADs, patch pods and record
+    Events. A `config` is written as 00-multus.conf as given."""
+    from nicop.api.agents import MULTUS_SOCKET
+    from nicop.operator.states import multus
+
+    objects = multus.render(ctx(), {"image": "nicop"}, "spec.secondaryNetwork.multus")
+    [ds] = daemonsets(objects)
+    assert ds["metadata"]["name"] == "kube-multus-ds"
+    assert ds["spec"]["selector"] == {"matchLabels": {"name": "multus"}}
+    pod = pod_of(ds)
+    assert pod["hostNetwork"] is True and pod["serviceAccountName"] == "multus"
+    [install] = pod["initContainers"]
+    assert install["image"] == "reg/nicop:1.2"
+    assert install["command"] == ["nicop", "multus-install", "--host-root", "/host",
+                                  "--cni-bin-dir", "/opt/cni/bin", "--socket", MULTUS_SOCKET]
+    assert install["volumeMounts"] == [{"name": "cni-bin", "mountPath": "/host/opt/cni/bin"}]
+    [daemon] = pod["containers"]
+    assert daemon["command"][:2] == ["nicop", "multus-daemon"]
+    assert "--multus-conf-file=auto" in daemon["command"]
+    assert "--cleanup-config-on-exit" in daemon["command"]
+    assert daemon["securityContext"] == {"privileged": True}
+    assert daemon["readinessProbe"]["exec"]["command"] == READY_PROBE
+    mounts = {m["mountPath"]: m for m in daemon["volumeMounts"]}
+    assert set(mounts) == {"/etc/cni/net.d", "/opt/cni/bin", "/run/nicop", "/var/run/netns",
+                           "/var/lib/cni", "/var/lib/kubelet/pod-resources"}
+    assert mounts["/var/run/netns"]["mountPropagation"] == "HostToContainer"
+    assert {v["hostPath"]["path"] for v in pod["volumes"]} == set(mounts)
+    [role] = [o for o in objects if o["kind"] == "ClusterRole"]
+    granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    assert {("pods", "get"), ("pods", "patch"), ("network-attachment-definitions", "get"),
+            ("network-attachment-definitions", "list"), ("events", "create")} <= granted
+    assert ("pods", "update") not in granted
+
+    config = json.dumps({"cniVersion": "1.0.0", "name": "multus-cni-network",
+                         "type": "multus", "delegates": [{"type": "bridge"}]})
+    objects = multus.render(ctx(), {"image": "nicop", "config": config},
+                            "spec.secondaryNetwork.multus")
+    [cm] = [o for o in objects if o["kind"] == "ConfigMap"]
+    assert cm["data"] == {"cni-conf.json": config}
+    daemon = pod_of(daemonsets(objects)[0])["containers"][0]
+    assert "--multus-conf-file=/tmp/multus-conf/00-multus.conf" in daemon["command"]
+    assert {"name": "multus-cni-config", "mountPath": "/tmp/multus-conf"} in \
+        daemon["volumeMounts"]

@@ -17,7 +17,7 @@ from tests.netns.cni_harness import DaemonThread, validate_error, validate_resul
 
 from nicop.cni import shim, spec
 from nicop.cni.daemon import DaemonOptions
-from nicop.cni.install import PLUGINS, install
+from nicop.cni.install import PLUGINS, install, install_multus
 
 
 @pytest.fixture
@@ -82,6 +82,25 @@ def test_the_socket_from_the_environment_wins(root: Path) -> None:
     rc, out = run(root / "bin/nv-ipam", "ADD", {"cniVersion": "1.0.0"},
                   NICOP_CNI_SOCKET=str(root / "other.sock"))
     assert rc == 1 and str(root / "other.sock") in out["details"]
+
+
+def test_the_multus_shim_finds_the_multus_daemon(root: Path) -> None:
+    """`multus` reads nicop-multus.conf before nicop-cni.conf; the other plugins are not
+    affected, and the errors name the daemon each one needs."""
+    install(root / "bin", str(root / "cni.sock"), sys.executable)
+    written = install_multus(root / "bin", str(root / "multus.sock"), sys.executable)
+    assert [p.name for p in written] == ["multus", "nicop-multus.conf"]
+    assert (root / "bin/nicop-multus.conf").read_text() == (
+        f"socket={root / 'multus.sock'}\ntimeout=300\ndaemon=nicop multus-daemon\n")
+    config = {"cniVersion": "1.0.0", "name": "multus-cni-network", "type": "multus"}
+    rc, out = run(root / "bin/multus", "ADD", config)
+    assert rc == 1 and out["code"] == 11
+    assert out["msg"] == "nicop multus-daemon is not running on this node (multus needs it)"
+    assert str(root / "multus.sock") in out["details"]
+    rc, out = run(root / "bin/sriov", "ADD", {**config, "type": "sriov"})
+    assert out["msg"] == "nicop cni-daemon is not running on this node (sriov needs it)"
+    assert str(root / "cni.sock") in out["details"]
+    assert run(root / "bin/multus", "VERSION", config)[0] == 0
 
 
 def test_nv_ipam_through_the_socket(root: Path) -> None:

@@ -22,6 +22,8 @@ NICOP_POD_JQ = ('[(.spec.initContainers // [])[], (.spec.containers // [])[]] '
 
 # The CNI plugins (and IPAM) nicop's CNI daemon implements, by their CNI `type`.
 CNI_PLUGINS = ("sriov", "ib-sriov", "host-device", "nv-ipam")
+# Where nicop's multus daemon serves the `multus` plugin, on the node.
+MULTUS_SOCKET = "/run/nicop/multus.sock"
 
 # The file an agent keeps while it is ready (inside its container), and the probe that reads it.
 READY_FILE_ENV = "NICOP_READY_FILE"
@@ -45,6 +47,7 @@ METRICS_PORTS = {
     "cni-daemon": 9534,
     "sriov-operator-device-plugin": 9535,  # the SR-IOV policies' device plugin DaemonSet
     "dra-plugin": 9536,
+    "multus-daemon": 9537,  # NicClusterPolicy's secondaryNetwork.multus with `image: nicop`
 }
 
 

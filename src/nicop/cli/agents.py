@@ -1,4 +1,5 @@
-"""The node agents: device plugins, the SR-IOV config daemon, the CNI daemon and its installer.
+"""The node agents: device plugins, the SR-IOV config daemon, the CNI and multus daemons and
+their installers.
 
 Each runs as a container of a DaemonSet the operator renders. Paths given to them are paths in
 their container (`in_container` finds them on a simulated node); `--host-root` is where the
@@ -388,6 +389,83 @@ def cni_install(
         raise fail(f"unknown plugin(s) {unknown}; known: {', '.join(PLUGINS)}")
     host = Host.in_container(host_root)
     for path in install(host.path(cni_bin_dir), socket, python, tuple(plugin or PLUGINS)):
+        console.print(f"  wrote {path}")
+
+
+@app.command("multus-daemon")
+def multus_daemon(
+    host_root: HostRoot = Path("/"),
+    socket: CniSocket = "/run/nicop/multus.sock",
+    cni_conf_dir: Annotated[
+        str, typer.Option(help="CNI conf dir on the node (under --host-root): where "
+                          "00-multus.conf goes and the default network's config is found.")
+    ] = "/etc/cni/net.d",
+    cni_bin_dir: Annotated[
+        str, typer.Option(help="CNI bin dir on the node (under --host-root): the delegates.")
+    ] = "/opt/cni/bin",
+    multus_conf_file: Annotated[
+        str, typer.Option(help="`auto`: wrap the conf dir's first other config as the default "
+                          "network; else a file (in this container) written as 00-multus.conf "
+                          "as it is.")
+    ] = "auto",
+    multus_kubeconfig_file_host: Annotated[
+        str, typer.Option(help="`kubeconfig` recorded in a generated 00-multus.conf (this "
+                          "daemon uses --kubeconfig).")
+    ] = "",
+    cleanup_config_on_exit: Annotated[
+        bool, typer.Option(help="Remove 00-multus.conf when the daemon stops.")
+    ] = False,
+    kubeconfig: Kubeconfig = None,
+    pod_resources_socket: Annotated[
+        str, typer.Option(help="The kubelet's PodResources socket on the node (under "
+                          "--host-root): the devices allocated to each pod.")
+    ] = "/var/lib/kubelet/pod-resources/kubelet.sock",
+    metrics_port: MetricsPort = 0,
+    log_format: LogFormat = "text",
+    log_level: LogLevel = "info",
+) -> None:
+    """Serve the `multus` CNI plugin (a Multus-compatible thick meta-plugin): the default
+    network, then each NetworkAttachmentDefinition a pod's k8s.v1.cni.cncf.io/networks selects,
+    with the pod's allocated devices as deviceID; writes the pod's network-status."""
+    import asyncio
+
+    from lightkube.core.exceptions import ConfigError
+
+    from nicop.cni.multus_daemon import MultusDaemon, MultusOptions
+
+    options = MultusOptions(
+        host_root=host_root, socket=socket, cni_conf_dir=cni_conf_dir, cni_bin_dir=cni_bin_dir,
+        multus_conf_file=multus_conf_file, multus_kubeconfig=multus_kubeconfig_file_host,
+        kubeconfig=kubeconfig, cleanup_config_on_exit=cleanup_config_on_exit,
+        pod_resources_socket=pod_resources_socket, health_port=metrics_port)
+
+    async def main(stop: asyncio.Event) -> None:
+        await MultusDaemon(options).run(stop)
+
+    try:
+        run_agent(main, log_format, _level(log_level))
+    except (ConfigError, ValueError, OSError) as e:
+        raise fail_plain(f"multus-daemon: {e}") from None
+
+
+@app.command("multus-install")
+def multus_install(
+    cni_bin_dir: Annotated[
+        str, typer.Option(help="CNI bin dir on the node (under --host-root).")
+    ] = "/opt/cni/bin",
+    host_root: HostRoot = Path("/"),
+    socket: CniSocket = "/run/nicop/multus.sock",
+    python: Annotated[
+        str, typer.Option(help="Python 3 of the node that runs the plugin executable.")
+    ] = "/usr/bin/python3",
+) -> None:
+    """Install the `multus` CNI plugin executable that forwards to `nicop multus-daemon`
+    (with nicop-multus.conf naming its socket)."""
+    from nicop.cni.install import install_multus
+    from nicop.node.host import Host
+
+    host = Host.in_container(host_root)
+    for path in install_multus(host.path(cni_bin_dir), socket, python):
         console.print(f"  wrote {path}")
 
 

@@ -1,11 +1,10 @@
 """`nicop cni-daemon`: the node process that does the work of every CNI call.
 
-The shim sends `CNI1\\0<plugin>\\0CNI_X=..\\0...\\0\\0<stdin>` over a root-only unix socket and
-reads back `<exit code>\\n<stdout>`. Each call runs on a worker thread (netlink and file work
-block), so calls for different pods proceed in parallel; the plugins serialize what must not
-interleave (one device, one pool). With an API server the daemon also follows the IPPools and
-CIDRPools of its node, frees addresses of pods that are gone, and publishes per-pool usage on
-its Node (annotation `nicop.io/ipam-usage`) besides the `nicop_ipam_*` metrics.
+It serves the sriov, ib-sriov, host-device and nv-ipam plugins on a root-only unix socket (the
+shim's protocol and the call handling are nicop.cni.server's). With an API server the daemon also
+follows the IPPools and CIDRPools of its node, frees addresses of pods that are gone, and
+publishes per-pool usage on its Node (annotation `nicop.io/ipam-usage`) besides the
+`nicop_ipam_*` metrics.
 """
 
 from __future__ import annotations
@@ -14,15 +13,8 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import socket
-import struct
-import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-
-from prometheus_client import Counter, Histogram
 
 from nicop.api.labels import IPAM_USAGE_ANNOTATION
 from nicop.cni.cleaner import Cleaner
@@ -32,15 +24,7 @@ from nicop.cni.netlink import Netns
 from nicop.cni.plugin import NodeContext, Plugin
 from nicop.cni.pools import FilePools, KubePools, PoolSource
 from nicop.cni.rdma import NetlinkRdmaControl, RdmaControl
-from nicop.cni.spec import (
-    LATEST,
-    SUPPORTED_VERSIONS,
-    CniError,
-    Code,
-    parse_request,
-    render_result,
-    version_reply,
-)
+from nicop.cni.server import CniServer
 from nicop.cni.sriov import IbSriovPlugin, SriovPlugin
 from nicop.cni.state import KeyedLocks, sweep_temp
 from nicop.cni.store import Store
@@ -55,13 +39,6 @@ from nicop.node.readiness import Readiness
 log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET = "/run/nicop/cni.sock"
-MAGIC = b"CNI1"
-
-REQUESTS = Counter("nicop_cni_requests_total", "CNI calls by plugin, command and result",
-                   ["plugin", "command", "result"])
-SECONDS = Histogram("nicop_cni_request_seconds", "CNI call duration in the daemon, by plugin, "
-                    "command and result (ok or error)", ["plugin", "command", "result"],
-                    buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30))
 
 
 @dataclass
@@ -86,14 +63,6 @@ class DaemonOptions:
     health_port: int = 0
     """Port of /metrics, /healthz and /readyz on the pod's IP (nicop.node.metrics); 0: off."""
     workers: int = 32
-
-
-def _version_of(stdin: bytes) -> str:
-    try:
-        version = json.loads(stdin).get("cniVersion")
-    except (ValueError, AttributeError):
-        return LATEST
-    return version if version in SUPPORTED_VERSIONS else LATEST
 
 
 class CniDaemon:
@@ -128,102 +97,23 @@ class CniDaemon:
             "host-device": HostDevicePlugin(self.ctx),
             "nv-ipam": NvIpamPlugin(self.ipam),
         }
-        self.executor = ThreadPoolExecutor(options.workers, thread_name_prefix="cni")
-        self.socket_path = self.host.path(options.socket)
-        self.server: asyncio.Server | None = None
+        self.server = CniServer(self.plugins, self.host.path(options.socket),
+                                workers=options.workers, logger=log)
         self.cleaner = Cleaner(self.client, self.ipam, options.cleaner_interval,
                                options.cleaner_checks) if self.client else None
 
-    # ------------------------------------------------------------------ one call
+    @property
+    def socket_path(self) -> Path:
+        return self.server.socket_path
+
     def handle(self, plugin: str, env: dict[str, str], stdin: bytes) -> tuple[int, bytes]:
         """Run one CNI call; returns the plugin's exit code and stdout."""
-        start = time.perf_counter()
-        command = env.get("CNI_COMMAND", "")
-        version = _version_of(stdin)
-        out: object = None
-        try:
-            req = parse_request(plugin, env, stdin)
-            if req.command == "VERSION":
-                out = version_reply(req.config)
-            else:
-                impl = self.plugins.get(plugin)
-                if impl is None:
-                    raise CniError(Code.INTERNAL, f"nicop cni-daemon has no plugin {plugin!r}",
-                                   f"it serves {', '.join(sorted(self.plugins))}")
-                if req.command == "ADD":
-                    out = render_result(impl.add(req), req.version)
-                elif req.command == "DEL":
-                    impl.delete(req)
-                elif req.command == "CHECK":
-                    impl.check(req)
-                elif req.command == "STATUS":
-                    impl.status(req)
-                elif req.command == "GC":
-                    impl.gc(req)
-            rc, result = 0, "ok"
-        except CniError as e:
-            out, rc, result = e.to_json(version), 1, f"error {e.code}"
-        except Exception as e:
-            log.exception("%s %s failed", plugin, command)
-            err = CniError(Code.INTERNAL, f"{plugin} {command}: {type(e).__name__}: {e}")
-            out, rc, result = err.to_json(version), 1, "error 999"
-        elapsed = time.perf_counter() - start
-        outcome = "ok" if rc == 0 else "error"
-        REQUESTS.labels(plugin, command, outcome).inc()
-        SECONDS.labels(plugin, command, outcome).observe(elapsed)
-        log.info("%s %s %s/%s netns %s: %s in %.1f ms", plugin, command,
-                 env.get("CNI_CONTAINERID", "-"), env.get("CNI_IFNAME", "-"),
-                 env.get("CNI_NETNS") or "-", result if rc == 0 else json.dumps(out),
-                 elapsed * 1000)
-        body = json.dumps(out).encode() + b"\n" if out is not None else b""
-        return rc, body
-
-    # ------------------------------------------------------------------ socket
-    async def _connection(self, reader: asyncio.StreamReader,
-                          writer: asyncio.StreamWriter) -> None:
-        try:
-            sock = writer.get_extra_info("socket")
-            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                    struct.calcsize("3i"))
-            _, uid, _ = struct.unpack("3i", creds)
-            if uid not in (0, os.getuid()):
-                log.warning("refused a CNI call from uid %d", uid)
-                return
-            data = await reader.read()
-            header, sep, stdin = data.partition(b"\0\0")
-            fields = header.split(b"\0")
-            if not sep or len(fields) < 2 or fields[0] != MAGIC:
-                writer.write(b"1\n" + json.dumps(CniError(
-                    Code.INTERNAL, "nicop cni-daemon got a request it cannot read",
-                    "the plugin binaries and the daemon are from different versions; rerun "
-                    "nicop cni-install").to_json(LATEST)).encode() + b"\n")
-                return
-            plugin = fields[1].decode()
-            env = dict(f.decode().partition("=")[::2] for f in fields[2:])
-            loop = asyncio.get_running_loop()
-            rc, out = await loop.run_in_executor(self.executor, self.handle, plugin, env, stdin)
-            writer.write(f"{rc}\n".encode() + out)
-            await writer.drain()
-        except (ConnectionError, OSError) as e:
-            log.warning("CNI connection broke: %s", e)
-        finally:
-            writer.close()
+        return self.server.handle(plugin, env, stdin)
 
     async def start(self) -> None:
-        """Listen on the socket (root only) and start following the API when configured."""
-        path = self.socket_path
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        old_umask = os.umask(0o177)
-        try:
-            self.server = await asyncio.start_unix_server(self._connection, path=str(path),
-                                                          backlog=512)
-        finally:
-            os.umask(old_umask)
-        os.chmod(path, 0o600)
+        """Listen on the socket (root only)."""
+        await self.server.start()
         self.ipam.update_metrics()
-        log.info("serving CNI calls on %s", path)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set; then close the socket (the file is removed). Ready once
@@ -238,7 +128,7 @@ class CniDaemon:
             await self.start()
             marker = asyncio.create_task(self._ready_when_synced(readiness))
             health = await serve_metrics(self.options.health_port,
-                                         ready=lambda: self.server is not None)
+                                         ready=lambda: self.server.serving)
             if self.cleaner is not None:
                 tasks.append(asyncio.create_task(self.cleaner.run(stop)))
             if self.client is not None:
@@ -267,13 +157,7 @@ class CniDaemon:
         readiness.set(True)
 
     async def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
-            self.server = None
-            with contextlib.suppress(FileNotFoundError):
-                self.socket_path.unlink()
-        self.executor.shutdown(wait=True)
+        await self.server.close()
         self.store.close()
         self.host_ns.close()
         if self.client is not None:

@@ -1,6 +1,6 @@
 """Regenerate the Python modules of the kubelet's gRPC APIs nicop speaks: the device plugin API
-(deviceplugin/api.proto), and the DRA plugin and plugin registration APIs (dra/dra.proto,
-dra/registration.proto).
+(deviceplugin/api.proto), the DRA plugin and plugin registration APIs (dra/dra.proto,
+dra/registration.proto), and the PodResources API (podresources/api.proto).
 
 Run `python -m nicop.node.deviceplugin.protogen` after changing a .proto (needs the `dev` extra:
 grpcio-tools, pinned so that the output is byte-for-byte reproducible). A unit test regenerates
@@ -16,7 +16,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 SRC = PACKAGE_DIR.parents[2]  # .../src
 NODE = PACKAGE_DIR.parent
 PROTOS = (PACKAGE_DIR / "api.proto", NODE / "dra" / "dra.proto",
-          NODE / "dra" / "registration.proto")
+          NODE / "dra" / "registration.proto", NODE / "podresources" / "api.proto")
 
 
 def outputs(proto: Path) -> list[Path]:

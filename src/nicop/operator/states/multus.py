@@ -1,12 +1,24 @@
-"""state-multus-cni: the Multus meta-plugin on every Linux node."""
+"""state-multus-cni: the Multus meta-plugin on every Linux node.
+
+Upstream's image runs Multus' thin plugin as upstream's manifest does. With `image: nicop` the
+same DaemonSet runs nicop's own meta-plugin instead: an init container installs the `multus`
+executable into the node's CNI bin dir, and `nicop multus-daemon` (host network, privileged)
+serves it and writes 00-multus.conf, seeing the CNI dirs, the pods' network namespaces, the CNI
+state and the kubelet's PodResources socket (which devices each pod got). Its ServiceAccount
+may read pods and NetworkAttachmentDefinitions, patch pods (network-status) and record Events.
+"""
 
 from __future__ import annotations
 
+from nicop.api.agents import METRICS_PORTS, MULTUS_SOCKET, uses_nicop
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
+    EVENTS_RULE,
+    LINUX,
     NODE_CRITICAL,
     Context,
     State,
+    agent_container,
     cluster_rbac,
     config_map,
     container,
@@ -23,6 +35,8 @@ CONF_FILE = "00-multus.conf"
 
 
 def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
+    if uses_nicop(spec):
+        return render_nicop(ctx, spec)
     objects = [service_account(ctx, NAME), *cluster_rbac(ctx, NAME, [
         {"apiGroups": ["k8s.cni.cncf.io"], "resources": ["*"], "verbs": ["*"]},
         {"apiGroups": [""], "resources": ["pods", "pods/status"], "verbs": ["get", "update"]},
@@ -72,6 +86,55 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
         app="multus", volumes=volumes, service_account_name=NAME, config=config or None,
         managed_only=False, init_containers=[install], priority_class=NODE_CRITICAL,
         grace_period=10, selector={"name": "multus"}, pod_labels={"tier": "node"},
+    ))
+    return objects
+
+
+def render_nicop(ctx: Context, spec: Obj) -> list[Obj]:
+    """kube-multus-ds with nicop's multus daemon (upstream's selector and labels, so it takes
+    over upstream's DaemonSet in place)."""
+    objects = [service_account(ctx, NAME), *cluster_rbac(ctx, NAME, [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]},
+        {"apiGroups": ["k8s.cni.cncf.io"], "resources": ["network-attachment-definitions"],
+         "verbs": ["get", "list", "watch"]},
+        EVENTS_RULE,
+    ])]
+    volumes, mounts = [], []
+    for name, host_dir in (("cni-conf", ctx.cni_network_dir), ("cni-bin", ctx.cni_bin_dir),
+                           ("socket-dir", "/run/nicop"), ("netns", "/var/run/netns"),
+                           ("cni-state", "/var/lib/cni"),
+                           ("pod-resources", "/var/lib/kubelet/pod-resources")):
+        volume, mount = host_path(name, host_dir, type_="DirectoryOrCreate")
+        if name == "netns":
+            mount["mountPropagation"] = "HostToContainer"
+        volumes.append(volume)
+        mounts.append(mount)
+    conf_file = "auto"
+    config = spec.get("config")
+    if config:
+        objects.append(config_map(ctx, "multus-cni-config", {"cni-conf.json": config}))
+        volumes.append({"name": "multus-cni-config", "configMap": {
+            "name": "multus-cni-config", "items": [{"key": "cni-conf.json",
+                                                    "path": CONF_FILE}]}})
+        mounts.append({"name": "multus-cni-config", "mountPath": CONF_DIR})
+        conf_file = f"{CONF_DIR}/{CONF_FILE}"
+    install = agent_container(
+        ctx, "install-multus-shim", {},
+        ["multus-install", "--host-root", "/host", "--cni-bin-dir", ctx.cni_bin_dir,
+         "--socket", MULTUS_SOCKET],
+        mounts=[{"name": "cni-bin", "mountPath": f"/host{ctx.cni_bin_dir}"}], ready_probe=False)
+    daemon = agent_container(
+        ctx, "kube-multus", spec,
+        ["multus-daemon", "--socket", MULTUS_SOCKET, "--cni-conf-dir", ctx.cni_network_dir,
+         "--cni-bin-dir", ctx.cni_bin_dir, f"--multus-conf-file={conf_file}",
+         "--cleanup-config-on-exit"],
+        mounts=mounts, metrics_port=METRICS_PORTS["multus-daemon"])
+    objects.append(daemonset(
+        ctx, "kube-multus-ds", spec, [daemon],
+        app="multus", node_selector=LINUX, volumes=volumes, service_account_name=NAME,
+        config=config or None, managed_only=False, init_containers=[install],
+        priority_class=NODE_CRITICAL, grace_period=10, selector={"name": "multus"},
+        pod_labels={"tier": "node"},
     ))
     return objects
 

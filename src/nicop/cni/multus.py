@@ -1,0 +1,592 @@
+"""The Multus meta-plugin, thick: a pod's default network plus every network it selects.
+
+Its config is what Multus reads (docs/configuration.md of k8snetworkplumbingwg/multus-cni):
+`{"cniVersion", "name", "type": "multus", "kubeconfig"?, "delegates": [<default network>]}`, the
+first delegate being the cluster's default network (a config or a config list). On ADD the
+default network gets the runtime's interface (eth0) and its result is the pod's; then each
+network of the pod's `k8s.v1.cni.cncf.io/networks` annotation (`[ns/]name[@ifname]`, comma
+separated, or Multus' JSON list with `name`, `namespace`, `interface`, `mac`, `ips`,
+`infiniband-guid`, `cni-args`) is attached from its NetworkAttachmentDefinition as net1, net2...
+unless named. A definition annotated `k8s.v1.cni.cncf.io/resourceName` gets the next device the
+kubelet allocated to the pod of that resource as `deviceID` (and `pciBusID`), and as
+`runtimeConfig.deviceID` where the plugin declares that capability. The pod then carries
+`k8s.v1.cni.cncf.io/network-status` and an `AddedInterface` Event per interface.
+
+What DEL needs (each delegate's config, interface and result) is kept per container in
+/var/lib/cni/multus/<containerID>, so the pod can be gone by then. A failed ADD deletes what it
+had added, last first, and names the network and the delegate's error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from nicop.api.labels import (
+    NETWORK_STATUS_ANNOTATION,
+    NETWORKS_ANNOTATION,
+    RESOURCE_NAME_ANNOTATION,
+)
+from nicop.cni.invoke import Invoker, RuntimeConf, is_list
+from nicop.cni.plugin import normalize_mac, valid_attachments
+from nicop.cni.spec import CniError, Code, Obj, Request, parse_request, render_result
+from nicop.cni.state import read_json, remove, write_json
+from nicop.kube.client import ApiClient, ApiError
+from nicop.kube.resources import NETWORK_ATTACHMENT_DEFINITION as NAD
+from nicop.kube.resources import POD
+from nicop.kube.times import stamp
+from nicop.node.host import Host
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Devices = Callable[[str, str], dict[str, list[str]]]
+"""(pod namespace, pod name) -> device IDs by resource name, as the kubelet allocated them."""
+
+CACHE_DIR = "/var/lib/cni/multus"
+CONF_NAME = "multus-cni-network"
+CACHE_FORMAT = "nicop-multus/1"
+# A DNS-1123 label: what Multus accepts for the namespace and name of the comma-separated form.
+LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+# ------------------------------------------------------------------ network selections
+
+@dataclass
+class Selection:
+    """One element of the pod's networks annotation."""
+
+    name: str
+    namespace: str
+    interface: str = ""
+    mac: str = ""
+    ips: list[str] = field(default_factory=list)
+    infiniband_guid: str = ""
+    cni_args: Obj | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class SelectionError(ValueError):
+    """The annotation cannot be read; the message says which part and why."""
+
+
+def _check_ifname(ifname: str) -> str:
+    if len(ifname) > 15 or any(c.isspace() or c in "/:" for c in ifname) or ifname in (".", ".."):
+        raise SelectionError(f"interface name {ifname!r} is invalid: at most 15 characters, "
+                             "without '/', ':' or spaces")
+    return ifname
+
+
+def _parse_item(item: str, pod_namespace: str) -> Selection:
+    parts = item.split("/")
+    if len(parts) > 2:
+        raise SelectionError(f"{item!r}: more than one '/' (the form is [namespace/]name"
+                             "[@interface])")
+    namespace, rest = (parts[0].strip(), parts[1]) if len(parts) == 2 else ("", parts[0])
+    at = rest.split("@")
+    if len(at) > 2:
+        raise SelectionError(f"{item!r}: more than one '@' (the form is [namespace/]name"
+                             "[@interface])")
+    name = at[0].strip()
+    ifname = at[1].strip() if len(at) == 2 else ""
+    if not name:
+        raise SelectionError(f"{item!r}: no network name")
+    for part in (namespace, name):
+        if part and not LABEL.match(part):
+            raise SelectionError(f"{item!r}: {part!r} is not a valid name (lower case "
+                                 "letters, digits and '-', starting and ending alphanumeric)")
+    if ifname:
+        _check_ifname(ifname)
+    return Selection(name=name, namespace=namespace or pod_namespace, interface=ifname)
+
+
+def _parse_element(element: object, pod_namespace: str) -> Selection:
+    if not isinstance(element, dict) or not isinstance(element.get("name"), str) \
+            or not element["name"]:
+        raise SelectionError(f"{json.dumps(element)}: each element needs a \"name\"")
+    sel = Selection(name=element["name"],
+                    namespace=str(element.get("namespace") or "") or pod_namespace)
+    ifname = element.get("interface") or element.get("interfaceRequest") or ""
+    if ifname:
+        sel.interface = _check_ifname(str(ifname))
+    for key, attr in (("mac", "mac"), ("infiniband-guid", "infiniband_guid")):
+        if value := element.get(key):
+            normal = normalize_mac(value) if isinstance(value, str) else None
+            if normal is None:
+                raise SelectionError(f"network {sel.key}: {key} {value!r} is not a valid "
+                                     "address")
+            setattr(sel, attr, str(value))
+    ips = element.get("ips") or []
+    if not isinstance(ips, list) or not all(isinstance(i, str) for i in ips):
+        raise SelectionError(f"network {sel.key}: ips must be a list of addresses")
+    for ip in ips:
+        try:
+            if "/" in ip:
+                ipaddress.ip_interface(ip)
+            else:
+                ipaddress.ip_address(ip)
+        except ValueError:
+            raise SelectionError(f"network {sel.key}: {ip!r} is not an IP address") from None
+    sel.ips = list(ips)
+    cni_args = element.get("cni-args")
+    if cni_args is not None and not isinstance(cni_args, dict):
+        raise SelectionError(f"network {sel.key}: cni-args must be an object")
+    sel.cni_args = cni_args
+    return sel
+
+
+def parse_selections(annotation: str, pod_namespace: str) -> list[Selection]:
+    """The networks a pod selects, in order; namespaces default to the pod's. The JSON form is
+    recognised, as Multus does, by any of `[`, `{` or `"` in the value."""
+    text = annotation.strip()
+    if not text:
+        return []
+    if any(c in text for c in '[{"'):
+        try:
+            elements = json.loads(text)
+        except ValueError as e:
+            raise SelectionError(f"not valid JSON: {e}") from None
+        if not isinstance(elements, list):
+            raise SelectionError("the JSON form is a list of objects")
+        return [_parse_element(e, pod_namespace) for e in elements]
+    return [_parse_item(item.strip(), pod_namespace) for item in text.split(",")]
+
+
+# ------------------------------------------------------------------ network status
+
+def network_status(network: str, ifname: str, result: Obj, *, default: bool = False,
+                   device_id: str = "") -> Obj:
+    """One entry of the network-status annotation, with the field order and omissions of the
+    NetworkStatus type of network-attachment-definition-client."""
+    interfaces = result.get("interfaces") or []
+    index = next((i for i, it in enumerate(interfaces)
+                  if it.get("sandbox") and it.get("name") == ifname), None)
+    if index is None:
+        index = next((i for i, it in enumerate(interfaces) if it.get("sandbox")), None)
+    iface: Obj = interfaces[index] if index is not None else {}
+    status: Obj = {"name": network, "interface": iface.get("name") or ifname}
+    ips = [ip["address"].split("/")[0] for ip in result.get("ips") or []
+           if ip.get("interface") is None or ip.get("interface") == index]
+    if ips:
+        status["ips"] = ips
+    if iface.get("mac"):
+        status["mac"] = iface["mac"]
+    if iface.get("mtu"):
+        status["mtu"] = iface["mtu"]
+    if default:
+        status["default"] = True
+    status["dns"] = {k: v for k, v in (result.get("dns") or {}).items() if v}
+    if device_id:
+        status["device-info"] = {"type": "pci", "version": "1.1.0",
+                                 "pci": {"pci-address": device_id}}
+    return status
+
+
+# ------------------------------------------------------------------ the plugin
+
+@dataclass
+class Attachment:
+    """One delegate of a pod: the network, the interface it makes, and what DEL needs."""
+
+    network: str
+    ifname: str
+    config: Obj
+    capability_args: Obj = field(default_factory=dict)
+    default: bool = False
+    device_id: str = ""
+    result: Obj | None = None
+
+    def to_cache(self) -> Obj:
+        return {"network": self.network, "ifname": self.ifname, "config": self.config,
+                "capabilityArgs": self.capability_args, "default": self.default,
+                "deviceID": self.device_id, "result": self.result}
+
+    @classmethod
+    def from_cache(cls, entry: Obj) -> Attachment:
+        return cls(network=str(entry["network"]), ifname=str(entry["ifname"]),
+                   config=dict(entry["config"]),
+                   capability_args=dict(entry.get("capabilityArgs") or {}),
+                   default=bool(entry.get("default")), device_id=str(entry.get("deviceID") or ""),
+                   result=entry.get("result"))
+
+
+def default_delegate(config: Obj) -> Obj:
+    """The cluster's default network: the first of `delegates`."""
+    delegates = config.get("delegates")
+    if not isinstance(delegates, list) or not delegates or not isinstance(delegates[0], dict):
+        if config.get("clusterNetwork"):
+            raise CniError(Code.INVALID_CONFIG, "clusterNetwork: not supported by nicop's "
+                           "multus", "give the default network's config in `delegates` (nicop "
+                           "multus-daemon writes it so in auto mode)")
+        raise CniError(Code.INVALID_CONFIG, "delegates: at least one delegate (the default "
+                       "network's config) must be given")
+    delegate = dict(delegates[0])
+    if not delegate.get("type") and not is_list(delegate):
+        raise CniError(Code.INVALID_CONFIG, "delegates[0]: a delegate must have `type` or "
+                       "`plugins`")
+    return delegate
+
+
+class MultusPlugin:
+    """Multus' work for one node. `client` reads pods and NetworkAttachmentDefinitions (None:
+    only the default network is attached), `devices` tells the pod's allocated devices; the
+    delegates are the executables in `cni_bin_dir` on `host`, run with `extra_env` added.
+
+    Its calls block (they run delegates), so they run on worker threads; the API client is used
+    on `loop` (by default the loop running when the plugin is made). `run()` takes a CNI call
+    as a runtime makes it, for callers without the socket."""
+
+    def __init__(self, client: ApiClient | None, host: Host, devices: Devices | None = None, *,
+                 cni_bin_dir: str = "/opt/cni/bin", loop: asyncio.AbstractEventLoop | None = None,
+                 extra_env: Mapping[str, str] | None = None, timeout: float = 120.0,
+                 api_timeout: float = 30.0) -> None:
+        self.client = client
+        self.host = host
+        self.devices = devices
+        self.invoker = Invoker(host.path(cni_bin_dir), extra_env, timeout)
+        if loop is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+        self.loop = loop
+        self.api_timeout = api_timeout
+
+    # ------------------------------------------------------------------ in process
+    def run(self, env: Mapping[str, str], config: Obj | bytes) -> Obj | None:
+        """One call (CNI_COMMAND and the rest in `env`, the multus config): the ADD result in
+        the config's version, else None. Raises CniError. Not on the event loop's thread."""
+        stdin = config if isinstance(config, bytes) else json.dumps(config).encode()
+        req = parse_request("multus", dict(env), stdin)
+        if req.command == "ADD":
+            return render_result(self.add(req), req.version)
+        handler = {"DEL": self.delete, "CHECK": self.check, "STATUS": self.status,
+                   "GC": self.gc}.get(req.command)
+        if handler is not None:
+            handler(req)
+        return None
+
+    # ------------------------------------------------------------------ API
+    def _api(self, call: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        loop = self.loop
+        if self.client is None or loop is None:
+            raise CniError(Code.INTERNAL, "multus has no API client")
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            raise RuntimeError("MultusPlugin blocks: call it off its event loop's thread")
+        future = asyncio.run_coroutine_threadsafe(call(), loop)
+        try:
+            return future.result(self.api_timeout)
+        except TimeoutError:
+            future.cancel()
+            raise CniError(Code.TRY_AGAIN_LATER, f"the API server did not answer within "
+                           f"{self.api_timeout:g}s") from None
+
+    def _pod(self, namespace: str, name: str, uid: str) -> Obj:
+        client = self.client
+        assert client is not None
+        try:
+            pod = self._api(lambda: client.get_or_none(POD, name, namespace))
+        except ApiError as e:
+            raise CniError(Code.TRY_AGAIN_LATER, f"cannot get pod {namespace}/{name}: {e}") \
+                from None
+        if pod is None:
+            raise CniError(Code.INTERNAL, f"pod {namespace}/{name} not found",
+                           "the pod was deleted before its network was set up")
+        actual = pod["metadata"].get("uid", "")
+        if uid and actual != uid:
+            raise CniError(Code.INTERNAL, f"pod {namespace}/{name}: expected UID {uid} but the "
+                           f"API server has {actual}", "the pod was deleted and created again")
+        return pod
+
+    def _nad(self, sel: Selection) -> Obj:
+        client = self.client
+        assert client is not None
+        try:
+            nad = self._api(lambda: client.get_or_none(NAD, sel.name, sel.namespace))
+        except ApiError as e:
+            raise CniError(Code.TRY_AGAIN_LATER, f"network {sel.key}: cannot get its "
+                           f"NetworkAttachmentDefinition: {e}") from None
+        if nad is None:
+            raise CniError(Code.INVALID_CONFIG, f"network {sel.key}: cannot find a "
+                           f"NetworkAttachmentDefinition {sel.name} in namespace "
+                           f"{sel.namespace}", f"create it, or fix the pod's {NETWORKS_ANNOTATION}"
+                           " annotation")
+        return nad
+
+    def _event(self, pod: Obj, message: str) -> None:
+        """An AddedInterface Event on the pod, sent without waiting (best effort)."""
+        client, loop = self.client, self.loop
+        if client is None or loop is None:
+            return
+        meta = pod["metadata"]
+        now = stamp()
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{time.time_ns():x}",
+                         "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta.get("uid"),
+                               "resourceVersion": meta.get("resourceVersion")},
+            "type": "Normal", "reason": "AddedInterface", "message": message, "count": 1,
+            "firstTimestamp": now, "lastTimestamp": now,
+            "source": {"component": "multus"}, "reportingComponent": "multus",
+        }
+
+        async def send() -> None:
+            try:
+                await client.create(event)
+            except ApiError as e:
+                log.debug("could not record AddedInterface on %s/%s: %s", meta["namespace"],
+                          meta["name"], e)
+
+        asyncio.run_coroutine_threadsafe(send(), loop)
+
+    # ------------------------------------------------------------------ planning ADD
+    def _attachments(self, req: Request, pod: Obj | None) -> list[Attachment]:
+        default = default_delegate(req.config)
+        plan = [Attachment(network=str(default.get("name") or ""), ifname=req.ifname,
+                           config=default, default=True,
+                           capability_args=dict(req.config.get("runtimeConfig") or {}))]
+        if pod is None:
+            return plan
+        meta = pod["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        annotation = (meta.get("annotations") or {}).get(NETWORKS_ANNOTATION) or ""
+        try:
+            selections = parse_selections(annotation, namespace)
+        except SelectionError as e:
+            raise CniError(Code.INVALID_CONFIG, f"pod {namespace}/{name}: annotation "
+                           f"{NETWORKS_ANNOTATION}: {e}") from None
+        allocated: dict[str, list[str]] | None = None
+        used: dict[str, int] = {}
+        ifnames = {req.ifname: plan[0].network}
+        for position, sel in enumerate(selections, start=1):
+            nad = self._nad(sel)
+            resource = (nad["metadata"].get("annotations") or {}).get(RESOURCE_NAME_ANNOTATION)
+            device_id = ""
+            if resource:
+                if allocated is None:
+                    allocated = self._devices(namespace, name)
+                ids = allocated.get(resource) or []
+                taken = used.get(resource, 0)
+                if taken >= len(ids):
+                    have = f"only {len(ids)}" if ids else "none"
+                    raise CniError(Code.INVALID_CONFIG, f"network {sel.key} needs a device of "
+                                   f"{resource} (its {RESOURCE_NAME_ANNOTATION}) but pod "
+                                   f"{namespace}/{name} was given {have} for {taken + 1} "
+                                   "network(s)", "request the resource in the pod's "
+                                   "containers, one per network that uses it")
+                device_id = ids[taken]
+                used[resource] = taken + 1
+            ifname = sel.interface or f"net{position}"
+            if ifname in ifnames:
+                raise CniError(Code.INVALID_CONFIG, f"pod {namespace}/{name}: networks "
+                               f"{ifnames[ifname]} and {sel.key} both use interface {ifname}",
+                               f"name the interfaces apart in {NETWORKS_ANNOTATION}")
+            ifnames[ifname] = sel.key
+            capability = {k: v for k, v in (("mac", sel.mac), ("ips", sel.ips),
+                                            ("infinibandGUID", sel.infiniband_guid),
+                                            ("deviceID", device_id)) if v}
+            plan.append(Attachment(network=sel.key, ifname=ifname,
+                                   config=delegate_config(nad, sel, device_id),
+                                   capability_args=capability, device_id=device_id))
+        return plan
+
+    def _devices(self, namespace: str, name: str) -> dict[str, list[str]]:
+        if self.devices is None:
+            raise CniError(Code.INTERNAL, "multus cannot learn the pod's devices (no kubelet "
+                           "PodResources client)")
+        try:
+            return self.devices(namespace, name)
+        except Exception as e:
+            raise CniError(Code.TRY_AGAIN_LATER, f"cannot learn the devices of pod "
+                           f"{namespace}/{name} from the kubelet: {e}") from None
+
+    # ------------------------------------------------------------------ the commands
+    def add(self, req: Request) -> Obj:
+        namespace, name, uid = req.pod
+        pod = self._pod(namespace, name, uid) if namespace and name and self.client else None
+        plan = self._attachments(req, pod)
+        record: Obj = {"format": CACHE_FORMAT, "containerID": req.container_id,
+                       "netns": req.netns, "pod": {"namespace": namespace, "name": name,
+                                                   "uid": uid}, "delegates": []}
+        added: list[Attachment] = []
+        try:
+            for att in plan:
+                added.append(att)
+                record["delegates"] = [a.to_cache() for a in added]
+                self._save(req, record)  # before the call: a crash mid-way leaves DEL its list
+                try:
+                    att.result = self.invoker.add(att.config, self._rt(req, att))
+                except CniError as e:
+                    raise CniError(e.code, f"[{namespace}/{name}/{uid}:{att.network}]: error "
+                                   f"adding container to network \"{att.network}\": {e.msg}",
+                                   e.details) from None
+            record["delegates"] = [a.to_cache() for a in added]
+            self._save(req, record)
+            statuses = [network_status(a.network, a.ifname, a.result or {}, default=a.default,
+                                       device_id=a.device_id) for a in plan]
+            if pod is not None:
+                self._set_status(pod, statuses)
+        except BaseException:
+            self._rollback(req, added)
+            raise
+        if pod is not None:
+            for att, status in zip(plan, statuses, strict=True):
+                addresses = ",".join(ip["address"] for ip in (att.result or {}).get("ips") or [])
+                self._event(pod, f"Add {status['interface']} [{addresses}] from {att.network}")
+        result = plan[0].result
+        assert result is not None
+        return result
+
+    def _set_status(self, pod: Obj, statuses: list[Obj]) -> None:
+        client = self.client
+        assert client is not None
+        meta = pod["metadata"]
+        patch = {"metadata": {"annotations": {
+            NETWORK_STATUS_ANNOTATION: json.dumps(statuses, indent=4)}}}
+        try:
+            self._api(lambda: client.patch(POD, meta["name"], patch, meta["namespace"]))
+        except ApiError as e:
+            raise CniError(Code.TRY_AGAIN_LATER, f"pod {meta['namespace']}/{meta['name']}: "
+                           f"cannot set {NETWORK_STATUS_ANNOTATION}: {e}") from None
+
+    def _rollback(self, req: Request, added: list[Attachment]) -> None:
+        """DEL what a failed ADD attached, last first; the record goes once all are gone."""
+        left: list[Attachment] = []
+        for att in reversed(added):
+            try:
+                self.invoker.delete(att.config, self._rt(req, att), att.result)
+            except CniError as e:
+                log.warning("container %s: undoing network %s failed: %s", req.container_id,
+                            att.network, e.msg)
+                left.insert(0, att)
+        if left:
+            self._save(req, {**self._load(req), "delegates": [a.to_cache() for a in left]})
+        else:
+            remove(self.host, self._cache_path(req))
+
+    def delete(self, req: Request) -> None:
+        """DEL the additional networks then the default one, from the record of ADD; without a
+        record, the default network only."""
+        record = self._load(req)
+        atts = [Attachment.from_cache(e) for e in record.get("delegates") or []]
+        if not atts:
+            default = default_delegate(req.config)
+            atts = [Attachment(network=str(default.get("name") or ""), ifname=req.ifname,
+                               config=default, default=True,
+                               capability_args=dict(req.config.get("runtimeConfig") or {}))]
+        failed: list[tuple[Attachment, CniError]] = []
+        for att in reversed(atts):
+            try:
+                self.invoker.delete(att.config, self._rt(req, att), att.result)
+            except CniError as e:
+                failed.insert(0, (att, e))
+        if failed:
+            if record:  # keep what is left for the runtime's next DEL
+                self._save(req, {**record, "delegates": [a.to_cache() for a, _ in failed]})
+            att, err = failed[0]
+            raise CniError(err.code, f"error deleting container {req.container_id} from "
+                           f"network \"{att.network}\": {err.msg}", err.details)
+        remove(self.host, self._cache_path(req))
+
+    def check(self, req: Request) -> None:
+        record = self._load(req)
+        if not record.get("delegates"):
+            raise CniError(Code.UNKNOWN_CONTAINER, f"no networks recorded for container "
+                           f"{req.container_id}", f"{self._cache_path(req)} is missing")
+        for att in (Attachment.from_cache(e) for e in record["delegates"]):
+            try:
+                self.invoker.check(att.config, self._rt(req, att), att.result)
+            except CniError as e:
+                raise CniError(e.code, f"network \"{att.network}\" ({att.ifname}): {e.msg}",
+                               e.details) from None
+
+    def status(self, req: Request) -> None:
+        self.invoker.status(default_delegate(req.config))
+
+    def gc(self, req: Request) -> None:
+        attachments = [{"containerID": c, "ifname": i} for c, i in
+                       sorted(valid_attachments(req))]
+        self.invoker.gc(default_delegate(req.config), attachments)
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _rt(req: Request, att: Attachment) -> RuntimeConf:
+        return RuntimeConf(container_id=req.container_id, netns=req.netns, ifname=att.ifname,
+                           args=delegate_args(req), capability_args=att.capability_args)
+
+    @staticmethod
+    def _cache_path(req: Request) -> str:
+        return f"{CACHE_DIR}/{req.container_id}"
+
+    def _load(self, req: Request) -> Obj:
+        data = read_json(self.host, self._cache_path(req))
+        if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT:
+            return {}  # none, or another Multus' own record
+        return data
+
+    def _save(self, req: Request, record: Obj) -> None:
+        write_json(self.host, self._cache_path(req), record)
+
+
+def delegate_args(req: Request) -> str:
+    """CNI_ARGS for a delegate: the pod's, IgnoreUnknown first, then what else the runtime
+    passed."""
+    namespace, name, uid = req.pod
+    args = {"IgnoreUnknown": "true", "K8S_POD_NAMESPACE": namespace, "K8S_POD_NAME": name,
+            "K8S_POD_INFRA_CONTAINER_ID": req.args.get("K8S_POD_INFRA_CONTAINER_ID", ""),
+            "K8S_POD_UID": uid}
+    for key, value in req.args.items():
+        if key not in args:
+            args[key] = value
+    return ";".join(f"{k}={v}" for k, v in args.items())
+
+
+def delegate_config(nad: Obj, sel: Selection, device_id: str) -> Obj:
+    """The config of a NetworkAttachmentDefinition as its delegate gets it: named after the
+    definition when it has no name, with the device and the selection's `cni-args` put in each
+    of its plugins (as `deviceID`, `pciBusID` and `args.cni`)."""
+    raw = (nad.get("spec") or {}).get("config") or ""
+    if not raw.strip():
+        raise CniError(Code.INVALID_CONFIG, f"network {sel.key}: the "
+                       "NetworkAttachmentDefinition has no spec.config",
+                       "nicop's multus reads the CNI config from the definition only")
+    try:
+        config = json.loads(raw)
+    except ValueError as e:
+        raise CniError(Code.DECODING_FAILURE, f"network {sel.key}: spec.config is not valid "
+                       f"JSON: {e}") from None
+    if not isinstance(config, dict) or not (config.get("type") or is_list(config)):
+        raise CniError(Code.INVALID_CONFIG, f"network {sel.key}: spec.config must be a CNI "
+                       "config (with `type`) or a config list (with `plugins`)")
+    if not config.get("name"):
+        config["name"] = sel.name
+    targets = [p for p in config.get("plugins") or [] if isinstance(p, dict)] \
+        if is_list(config) else [config]
+    for target in targets:
+        if device_id:
+            target["deviceID"] = device_id
+            target["pciBusID"] = device_id
+        if sel.cni_args:
+            args = target.get("args")
+            if not isinstance(args, dict):
+                args = target["args"] = {}
+            if not isinstance(args.get("cni"), dict):
+                args["cni"] = {}
+            args["cni"].update(sel.cni_args)
+    return config
