@@ -504,7 +504,7 @@ class NodeProcess:
             forward.Route((SERVICE_IP, 443), ("127.0.0.1", self.server_port))])
         self.start_containerd()
         self.start_kubelet()
-        links = NodeLinks(self.node)
+        links = NodeLinks(self.node, self.netns_path)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -537,9 +537,14 @@ class NodeLinks:
     makes them when a driver binds (veth ends named like the netdev, with its MAC). A link
     that left the namespace (a VF moved into a pod) is not made again while the tree has it."""
 
-    def __init__(self, node: RealNode) -> None:
+    def __init__(self, node: RealNode, netns_path: Path) -> None:
         self.node = node
+        self.netns_path = netns_path  # /run/netns is the host's, not in the node's mounts
         self.made: dict[str, str] = {}
+
+    def ip(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["nsenter", f"--net={self.netns_path}", "ip", *args],
+                              capture_output=True, text=True, check=False)
 
     def sync(self) -> None:
         net = self.node.tree / "sys/class/net"
@@ -549,19 +554,20 @@ class NodeLinks:
             mac = address.read_text().strip() if address.exists() else ""
             if len(mac.split(":")) == 6:
                 present[entry] = mac
-        ns = self.node.netns
         for name in sorted(set(self.made) - set(present)):
-            ip("-n", ns, "link", "del", name, check=False)
+            self.ip("link", "del", name)
             del self.made[name]
         for name, mac in sorted(present.items()):
             if name in self.made:
                 continue
             peer = f"sim{zlib.crc32(name.encode()):08x}"
-            made = ip("-n", ns, "link", "add", name, "address", mac, "type", "veth", "peer",
-                      "name", peer, check=False)
+            made = self.ip("link", "add", name, "address", mac, "type", "veth", "peer", "name",
+                           peer)
             if made.returncode == 0:
-                ip("-n", ns, "link", "set", peer, "up", check=False)
-                ip("-n", ns, "link", "set", name, "up", check=False)
+                self.ip("link", "set", peer, "up")
+                self.ip("link", "set", name, "up")
+            else:
+                log.warning("cannot make link %s: %s", name, made.stderr.strip())
             self.made[name] = mac
 
 
