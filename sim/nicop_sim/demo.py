@@ -260,6 +260,8 @@ class Demo:
                                           + (f"; env {env}" if env else "")))
             if network and networks:
                 for attached in json.loads(pod.metadata.annotations[NETWORK_STATUS]):
+                    if attached.get("default"):
+                        continue
                     self.console.print(escape(
                         f"    {attached['name']}: {attached['interface']} "
                         f"{', '.join(attached['ips'])} mac {attached['mac']} (VF "

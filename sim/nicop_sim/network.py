@@ -27,6 +27,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from nicop.cni.multus import Selection, SelectionError, network_status, parse_selections
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.events import EventRecorder
 from nicop.kube.informer import Informer
@@ -43,6 +44,8 @@ RESOURCE_ANNOTATION = "k8s.v1.cni.cncf.io/resourceName"
 CNI_BIN_DIR = "/opt/cni/bin"
 CNI_SOCKET = "/run/nicop/cni.sock"
 RETRY = 2.0
+PRIMARY_NETWORK = "etc/cni/net.d/10-kwok-pods.conflist"
+PRIMARY_NAME = "kwok-pods"
 
 
 class CniFailed(Exception):
@@ -53,35 +56,48 @@ def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
 
 
+def write_primary_network(root: Path) -> None:
+    """The default network in the node's CNI config dir, as a runtime's node has one, for a
+    meta-plugin (nicop's multus daemon) to find and delegate to. kwok gives stand-in pods their
+    addresses, so the plugin it names is never called: this stand-in calls only the pods'
+    secondary networks, and reports kwok's address as the default network's."""
+    path = root / PRIMARY_NETWORK
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"cniVersion": "1.0.0", "name": PRIMARY_NAME,
+                                    "plugins": [{"type": "kwok"}]}, indent=2) + "\n")
+
+
 def ensure_netns(name: str) -> None:
     if not Path(f"/run/netns/{name}").exists():
         ip("netns", "add", name)
         ip("-n", name, "link", "set", "lo", "up")
 
 
+def add_default_interface(netns: str, addresses: list[str]) -> str:
+    """The pod's eth0 with kwok's addresses, where a runtime's default network puts them (a
+    dummy link: nothing routes through it here); its MAC."""
+    if ip("-n", netns, "link", "show", "eth0", check=False).returncode != 0:
+        made = ip("-n", netns, "link", "add", "eth0", "type", "dummy", check=False)
+        if made.returncode != 0:
+            raise CniFailed(f"default network: cannot add eth0: {made.stderr.strip()}")
+        for address in addresses:
+            ip("-n", netns, "addr", "add", f"{address}/{128 if ':' in address else 32}",
+               "dev", "eth0", check=False)
+        ip("-n", netns, "link", "set", "eth0", "up", check=False)
+    shown = json.loads(ip("-n", netns, "-j", "link", "show", "eth0").stdout)
+    return str(shown[0]["address"])
+
+
 def delete_netns(name: str) -> None:
     ip("netns", "del", name, check=False)
 
 
-def selections(pod: Obj) -> list[dict[str, str]]:
-    """The pod's network selections: `name`, `namespace`, and `interface` when given, from the
-    comma-separated `[ns/]name[@ifname]` form or the JSON list form."""
-    raw = ((pod["metadata"].get("annotations") or {}).get(NETWORKS_ANNOTATION) or "").strip()
-    if not raw:
-        return []
-    out = []
-    if raw.startswith("["):
-        for item in json.loads(raw):
-            out.append({"name": item["name"], "namespace": item.get("namespace")
-                        or pod["metadata"]["namespace"],
-                        **({"interface": item["interface"]} if item.get("interface") else {})})
-        return out
-    for part in (p.strip() for p in raw.split(",") if p.strip()):
-        ref, _, ifname = part.partition("@")
-        namespace, _, name = ref.rpartition("/")
-        out.append({"name": name, "namespace": namespace or pod["metadata"]["namespace"],
-                    **({"interface": ifname} if ifname else {})})
-    return out
+def selections(pod: Obj) -> list[Selection]:
+    """The pod's network selections, read as nicop's multus reads them."""
+    meta = pod["metadata"]
+    return parse_selections((meta.get("annotations") or {}).get(NETWORKS_ANNOTATION) or "",
+                            meta["namespace"])
 
 
 def waits_for_devices(pod: Obj) -> bool:
@@ -154,7 +170,9 @@ class NodeNetwork:
             if record["uid"] not in live:
                 await asyncio.to_thread(self._teardown, record)
         for uid, pod in live.items():
-            if not selections(pod) or self._record_path(uid).exists() or waits_for_devices(pod):
+            annotation = (pod["metadata"].get("annotations") or {}).get(NETWORKS_ANNOTATION)
+            if not (annotation or "").strip() or self._record_path(uid).exists() \
+                    or waits_for_devices(pod) or not (pod.get("status") or {}).get("podIPs"):
                 continue
             try:
                 await self._setup(pod)
@@ -169,6 +187,10 @@ class NodeNetwork:
 
     async def _setup(self, pod: Obj) -> None:
         meta = pod["metadata"]
+        try:
+            wanted = selections(pod)
+        except SelectionError as e:
+            raise CniFailed(f"{NETWORKS_ANNOTATION}: {e}") from None
         devices = json.loads((meta.get("annotations") or {}).get(DEVICES_ANNOTATION) or "{}")
         free: dict[str, list[str]] = {}
         for container in devices.values():
@@ -178,28 +200,35 @@ class NodeNetwork:
         record: Obj = {"uid": meta["uid"], "namespace": meta["namespace"],
                        "name": meta["name"], "netns": netns, "attached": []}
         await asyncio.to_thread(ensure_netns, netns)
+        # kwok gave the pod its address on the node's default network (PRIMARY_NETWORK)
+        addresses = [a["ip"] for a in pod.get("status", {}).get("podIPs") or []]
         statuses = []
         try:
-            for index, selection in enumerate(selections(pod), start=1):
-                key = f"{selection['namespace']}/{selection['name']}"
+            mac = await asyncio.to_thread(add_default_interface, netns, addresses)
+            statuses.append(network_status(PRIMARY_NAME, "eth0", {
+                "interfaces": [{"name": "eth0", "mac": mac, "sandbox": f"/run/netns/{netns}"}],
+                "ips": [{"address": a, "interface": 0} for a in addresses]}, default=True))
+            for index, selection in enumerate(wanted, start=1):
+                key = selection.key
                 nad = self.nads.store.get(key)
                 if nad is None:
                     raise CniFailed(f"network {key}: NetworkAttachmentDefinition not found")
                 config = json.loads((nad.get("spec") or {}).get("config") or "{}")
-                config.setdefault("name", selection["name"])
+                config.setdefault("name", selection.name)
                 resource = (nad["metadata"].get("annotations") or {}).get(RESOURCE_ANNOTATION)
                 if resource:
                     if not free.get(resource):
                         raise CniFailed(f"network {key}: the pod has no {resource} device left "
                                         "for it (request the resource in the pod)")
                     config["deviceID"] = free[resource].pop(0)
-                ifname = selection.get("interface") or f"net{index}"
+                ifname = selection.interface or f"net{index}"
                 env = self._env(pod, netns, ifname)
                 result = await asyncio.to_thread(self._call, "ADD", config, env)
                 host_ifname = self._host_ifname(config.get("deviceID"))
                 record["attached"].append({"network": key, "ifname": ifname, "config": config,
                                            "host_ifname": host_ifname})
-                statuses.append(self._status(key, ifname, result, config.get("deviceID")))
+                statuses.append(network_status(key, ifname, result,
+                                               device_id=str(config.get("deviceID") or "")))
         except BaseException:
             await asyncio.to_thread(self._teardown, record)
             raise
@@ -258,17 +287,6 @@ class NodeNetwork:
         net = self.root / "sys/bus/pci/devices" / device_id / "net"
         names = sorted(os.listdir(net)) if net.exists() else []
         return names[0] if names else ""
-
-    @staticmethod
-    def _status(network: str, ifname: str, result: Obj, device_id: str | None) -> Obj:
-        iface: Obj = next((i for i in result.get("interfaces") or [] if i.get("sandbox")), {})
-        status: Obj = {"name": network, "interface": ifname,
-                       "ips": [i["address"].split("/")[0] for i in result.get("ips") or []],
-                       "mac": iface.get("mac", ""), "dns": result.get("dns") or {}}
-        if device_id:
-            status["device-info"] = {"type": "pci", "version": "1.1.0",
-                                     "pci": {"pci-address": device_id}}
-        return status
 
     # ------------------------------------------------------------------ the loop
     async def run(self, stop: asyncio.Event) -> None:

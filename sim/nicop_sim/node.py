@@ -35,7 +35,7 @@ from nicop_sim import hardware
 from nicop_sim.dra_kubelet import DraKubelet
 from nicop_sim.kernel import SimulatedKernel
 from nicop_sim.kubelet import Kubelet
-from nicop_sim.network import NodeNetwork
+from nicop_sim.network import NodeNetwork, write_primary_network
 from nicop_sim.platform import PF_ENV, ROOT_ENV, SimulatedPlatform
 from nicop_sim.pods import PodRunner
 
@@ -114,6 +114,7 @@ async def run(options: NodeOptions, stop: asyncio.Event) -> None:
                              f"(annotation {hardware.PROFILE_ANNOTATION}); known: "
                              f"{', '.join(hardware.PROFILES)}")
         build_tree(options.root, profile, seed_of(options.node_name))
+        write_primary_network(options.root)
         kubelet = Kubelet(Host(options.root).path(DEVICE_PLUGIN_DIR), options.node_name,
                           options.kubeconfig)
         await kubelet.start()

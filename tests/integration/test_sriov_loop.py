@@ -152,7 +152,9 @@ def test_a_pod_on_the_sriov_network_gets_a_vf_and_an_address(
             raw = (pod.metadata.annotations or {}).get("k8s.v1.cni.cncf.io/network-status")
             return json.loads(raw) if raw and pod.status.phase == "Running" else None
 
-        (status,) = wait_for(attached, timeout=120, what="the pod's network status")
+        (default, status) = wait_for(attached, timeout=120, what="the pod's network status")
+        assert default["default"] and default["interface"] == "eth0", default
+        assert status["name"] == f"{namespace}/loop-net" and status["interface"] == "net1"
         address = status["ips"][0]
         assert address.startswith("10.77."), status
         uid = client.get(Pod, "vf-workload", namespace=namespace).metadata.uid

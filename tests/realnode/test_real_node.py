@@ -18,13 +18,16 @@ import pytest
 import yaml
 from lightkube import Client
 from lightkube.core.exceptions import ApiError
-from lightkube.generic_resource import create_global_resource
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Node, Pod
+from tests.integration.agent_loop import agents
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
 
+from nicop.api import dra
 from nicop.api.install import install_crds
 from nicop_sim.cluster import LocalCluster, running_cluster
+from nicop_sim.kubelet import DEVICES_ANNOTATION
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 NODE = "real-1"
@@ -33,11 +36,24 @@ NicClusterPolicy = create_global_resource(
     "mellanox.com", "v1alpha1", "NicClusterPolicy", "nicclusterpolicies")
 
 
+SRIOV = ROOT / "examples/demo/sriov.yaml"  # 4 VFs a port, an nv-ipam pool, roce-vlan100
+STAND_IN = "node-1"  # a ConnectX-6 Dx too, run by a node stand-in
+NETWORKS = "k8s.v1.cni.cncf.io/networks"
+NETWORK_STATUS = "k8s.v1.cni.cncf.io/network-status"
+VF_RESOURCE = "nvidia.com/cx6dx_vf"
+ResourceClaim = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaim",
+                                           "resourceclaims")
+ResourceSlice = create_global_resource("resource.k8s.io", "v1", "ResourceSlice",
+                                       "resourceslices")
+
+
 def policy() -> dict[str, Any]:
-    """The demo's policy with nicop's image for every component it has (no secondary
-    network yet)."""
+    """The demo's policy with nicop's image for every component: nicop's multus daemon (no
+    registry here serves upstream's; the node's own bridge is the default network, so no
+    cniPlugins either) and nicop's DRA driver beside the device plugins."""
     body = yaml.safe_load((ROOT / "examples/nicclusterpolicy-demo.yaml").read_text())
-    del body["spec"]["secondaryNetwork"]
+    body["spec"]["secondaryNetwork"] = {"multus": {"image": "nicop"}}
+    body["spec"]["draDriver"] = {}
     return dict(body)
 
 
@@ -58,8 +74,8 @@ def ready(pod: Pod) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
 
-def allocatable(client: Client, resource: str = RESOURCE) -> str | None:
-    return (client.get(Node, NODE).status.allocatable or {}).get(resource)
+def allocatable(client: Client, resource: str = RESOURCE, node: str = NODE) -> str | None:
+    return (client.get(Node, node).status.allocatable or {}).get(resource)
 
 
 def plugin_registrations(address: str) -> float:
@@ -100,13 +116,13 @@ def deployed(real_cluster: LocalCluster, real_client: Client,
 
 def test_nicops_agents_run_on_the_real_node_ready_by_the_kubelets_probes(
         deployed: LocalCluster, real_client: Client) -> None:
-    """The driver agent (loading the simulated driver) and the RDMA shared device plugin, in
-    nicop's image, Ready from the probes the real kubelet ran; the kubelet put the plugin's
-    pool in the node's allocatable."""
+    """The driver agent (loading the simulated driver), the RDMA shared device plugin, nicop's
+    multus daemon and DRA driver, in nicop's image, Ready from the probes the real kubelet ran;
+    the kubelet put the plugin's pool in the node's allocatable."""
     pods = pods_on(real_client, NODE)
     names = {p.metadata.labels.get("app", "") for p in pods}
     assert any(n.startswith("mofed-ubuntu24.04") for n in names), names
-    assert "rdma-shared-dp" in names, names
+    assert {"rdma-shared-dp", "multus", "nicop-dra-driver"} <= names, names
     for pod in pods:
         assert ready(pod), pod.metadata.name
         for status in pod.status.containerStatuses or []:
@@ -139,21 +155,196 @@ def test_a_workload_gets_its_rdma_devices_in_its_container(
         real_client.delete(Pod, "rdma-workload", namespace="default", grace_period=0)
 
 
-def test_a_killed_agent_is_restarted_by_the_kubelet_and_its_resource_comes_back(
-        deployed: LocalCluster, real_client: Client) -> None:
-    (plugin,) = [p for p in pods_on(real_client, NODE)
-                 if p.metadata.labels.get("app") == "rdma-shared-dp"]
-    restarts = plugin.status.containerStatuses[0].restartCount
-    container_pid = container_process(deployed, plugin.status.containerStatuses[0].containerID)
-    subprocess.run(["kill", "-9", str(container_pid)], check=True)
+@pytest.fixture(scope="module")
+def sriov(deployed: LocalCluster, real_client: Client) -> None:
+    """examples/demo/sriov.yaml applied: 8 VFs (4 a port) in the allocatable of the real node
+    and of a stand-in."""
+    kubectl(deployed, "apply", "-f", str(SRIOV))
+    for node in (NODE, STAND_IN):
+        wait_for(lambda n=node: allocatable(real_client, VF_RESOURCE, n) == "8", timeout=180,
+                 what=f"8 VFs in the allocatable of {node}")
 
-    def back() -> bool:
-        pod = real_client.get(Pod, plugin.metadata.name, namespace=NAMESPACE)
+
+def vf_workload(name: str, node: str) -> Pod:
+    """A pod on roce-vlan100 with one VF and the port's RDMA devices, pinned to `node`."""
+    return Pod.from_dict({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default",
+                     "annotations": {NETWORKS: "roce-vlan100"}},
+        "spec": {"nodeSelector": {"kubernetes.io/hostname": node}, "containers": [{
+            "name": "app", "image": "nicop:0.1.0", "command": ["sleep", "3600"],
+            "resources": {"limits": {VF_RESOURCE: "1", RESOURCE: "1"}}}]}})
+
+
+def attached(client: Client, name: str) -> Pod | None:
+    """The pod once Ready with its network-status written."""
+    pod = client.get(Pod, name, namespace="default")
+    return pod if ready(pod) and NETWORK_STATUS in (pod.metadata.annotations or {}) else None
+
+
+def fib_addresses(text: str) -> set[str]:
+    """The local IPv4 addresses of a /proc/net/fib_trie (the image has no iproute2)."""
+    lines = text.splitlines()
+    return {lines[i - 1].split()[-1] for i, line in enumerate(lines)
+            if "/32 host LOCAL" in line}
+
+
+def test_a_pod_on_the_sriov_network_has_its_vf_with_its_address_vlan_and_rdma_devices(
+        deployed: LocalCluster, real_client: Client, sriov: None) -> None:
+    """examples/demo/sriov.yaml on the real node: the config daemon creates the VFs and the
+    kubelet puts them in allocatable; a pod on roce-vlan100 asking for a VF is attached by the
+    runtime's CNI chain (containerd, nicop's multus, the sriov delegate, nv-ipam): inside its
+    container `net1` has the MAC and pool address its network-status names, the VF carries
+    VLAN 100 on its PF, and its RDMA devices are there."""
+    real_client.create(vf_workload("vf-workload", NODE))
+    try:
+        pod = wait_for(lambda: attached(real_client, "vf-workload"), timeout=90,
+                       what="the VF workload running")
+        status = json.loads(pod.metadata.annotations[NETWORK_STATUS])
+        [vf] = [s for s in status if s.get("interface") == "net1"]
+        assert vf["name"] == "default/roce-vlan100"
+        [address] = vf["ips"]
+        assert address.startswith("192.168."), vf
+        inside = kubectl(deployed, "exec", "-n", "default", "vf-workload", "--", "sh", "-c",
+                         "cat /sys/class/net/net1/address /proc/net/fib_trie; "
+                         "ls /dev/infiniband")
+        mac, _, rest = inside.partition("\n")
+        assert mac == vf["mac"]
+        assert address in fib_addresses(rest), rest
+        assert "rdma_cm" in rest.split() and any(w.startswith("uverbs") for w in rest.split())
+        pci = vf["device-info"]["pci"]["pci-address"]
+        vlans = [state.get("vlan") for f in (deployed.real_node(NODE).tree / ".sim/pf")
+                 .glob("*.json") for state in json.loads(f.read_text()).values()]
+        assert 100 in vlans, (pci, vlans)
+    finally:
+        real_client.delete(Pod, "vf-workload", namespace="default", grace_period=0)
+
+
+def test_a_pod_with_a_dra_claim_holds_the_devices_of_its_cdi_spec(
+        deployed: LocalCluster, real_client: Client) -> None:
+    """A ResourceClaim for one NIC of nicop's DRA class and a pod using it on the real node:
+    containerd applies the CDI spec the DRA driver wrote when the kubelet prepared the claim,
+    so the container sees that NIC's uverbs device and not the other port's."""
+    real_client.create(ResourceClaim(
+        metadata=ObjectMeta(name="one-nic", namespace="default"),
+        spec={"devices": {"requests": [{"name": "nic", "exactly": {
+            "deviceClassName": dra.PF_CLASS}}]}}))
+    real_client.create(Pod.from_dict({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "dra-workload", "namespace": "default"},
+        "spec": {"nodeSelector": {"kubernetes.io/hostname": NODE},
+                 "resourceClaims": [{"name": "nic", "resourceClaimName": "one-nic"}],
+                 "containers": [{"name": "app", "image": "nicop:0.1.0",
+                                 "command": ["sleep", "3600"],
+                                 "resources": {"claims": [{"name": "nic"}]}}]}}))
+    try:
+        wait_for(lambda: ready(real_client.get(Pod, "dra-workload", namespace="default")),
+                 timeout=90, what="the DRA workload running")
+        claim = real_client.get(ResourceClaim, "one-nic", namespace="default")
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        ibdev = next(d["attributes"][dra.RDMA_DEVICE]["string"]
+                     for s in real_client.list(ResourceSlice)
+                     if s["spec"]["driver"] == dra.DRIVER and s["spec"].get("nodeName") == NODE
+                     for d in s["spec"]["devices"] if d["name"] == result["device"])
+        verbs = deployed.real_node(NODE).tree / "sys/class/infiniband_verbs"
+        mine = {v.name for v in verbs.iterdir() if (v / "ibdev").read_text().strip() == ibdev}
+        others = {v.name for v in verbs.iterdir()} - mine
+        devices = set(kubectl(deployed, "exec", "-n", "default", "dra-workload", "--",
+                              "ls", "/dev/infiniband").split())
+        assert mine and mine <= devices and not others & devices, (ibdev, devices)
+    finally:
+        real_client.delete(Pod, "dra-workload", namespace="default", grace_period=0)
+        wait_for(lambda: not pods_named(real_client, "dra-workload"), timeout=60,
+                 what="the DRA workload gone")
+        real_client.delete(ResourceClaim, "one-nic", namespace="default")
+
+
+def pods_named(client: Client, name: str) -> list[Pod]:
+    return [p for p in client.list(Pod, namespace="default") if p.metadata.name == name]
+
+
+def what_a_user_sees(cluster: LocalCluster, client: Client, node: str) -> dict[str, Any]:
+    """A VF workload on `node`, as a user looks at it: the node's allocatable, the pod's
+    conditions, its links, device node kinds and addresses inside, and its network-status (its
+    shape: which networks on which interfaces, with which fields). On the real node from inside
+    the container; on a stand-in from the pod's network namespace and the devices its kubelet
+    allocated (kwok plays the container)."""
+    name = f"look-{node}"
+    client.create(vf_workload(name, node))
+    try:
+        pod = wait_for(lambda: attached(client, name), timeout=90, what=f"{name} attached")
+        if node == NODE:
+            links, devices, fib = kubectl(cluster, "exec", "-n", "default", name, "--", "sh", "-c",
+                                          "ls /sys/class/net; echo --; ls /dev/infiniband; "
+                                          "echo --; cat /proc/net/fib_trie").split("--\n")
+            names, found, addresses = links.split(), devices.split(), fib_addresses(fib)
+        else:
+            netns = f"cni-{pod.metadata.uid[:13]}"
+            shown = json.loads(subprocess.run(["ip", "-n", netns, "-j", "addr"], check=True,
+                                              capture_output=True, text=True).stdout)
+            names = [link["ifname"] for link in shown]
+            addresses = {a["local"] for link in shown for a in link.get("addr_info", [])
+                         if a.get("family") == "inet"}
+            record = json.loads(pod.metadata.annotations[DEVICES_ANNOTATION])
+            found = [Path(d).name for container in record.values()
+                     for got in container.values() for d in got["devices"]]
+        status = json.loads(pod.metadata.annotations[NETWORK_STATUS])
+        return {
+            "allocatable": {r: allocatable(client, r, node) for r in (RESOURCE, VF_RESOURCE)},
+            "conditions": sorted(c.type for c in pod.status.conditions if c.status == "True"),
+            "links": sorted(names),
+            "device kinds": sorted({re.sub(r"\d+$", "", d) for d in found}),
+            "uverbs devices": len({d for d in found if d.startswith("uverbs")}),
+            "network-status": [{
+                "network": "<default>" if s.get("default") else s["name"],
+                "interface": s["interface"], "fields": sorted(s), "ips": len(s.get("ips", [])),
+                "device-info": sorted(s.get("device-info", {}).get("pci", {}))} for s in status],
+            "addresses inside": all(a in addresses for s in status for a in s.get("ips", [])),
+            "VF address from the pool": [s["ips"][0].startswith("192.168.")
+                                         for s in status if not s.get("default")],
+        }
+    finally:
+        client.delete(Pod, name, namespace="default", grace_period=0)
+
+
+def test_a_stand_in_shows_a_user_what_the_real_node_shows(
+        deployed: LocalCluster, real_client: Client, sriov: None) -> None:
+    """The same VF workload on the real node and on a node stand-in of the same hardware: what
+    a user sees of it is the same (the real kubelet, containerd and nicop's multus are the
+    reference the stand-in is held to)."""
+    real = what_a_user_sees(deployed, real_client, NODE)
+    stand_in = what_a_user_sees(deployed, real_client, STAND_IN)
+    assert real["addresses inside"] and real["VF address from the pool"] == [True]
+    assert stand_in == real, {k: (real[k], stand_in[k]) for k in real if real[k] != stand_in[k]}
+
+
+def test_a_killed_agent_is_restarted_and_its_resource_comes_back_as_on_a_stand_in(
+        deployed: LocalCluster, real_client: Client) -> None:
+    """The RDMA plugin killed on the real node (its container's process) and on a stand-in
+    (its process): on both the pod's restartCount goes up by one, it is Ready again and the
+    node's pool is back."""
+    before = {}
+    for node in (NODE, STAND_IN):
+        (plugin,) = [p for p in pods_on(real_client, node)
+                     if p.metadata.labels.get("app") == "rdma-shared-dp"]
+        before[node] = (plugin.metadata.name, plugin.status.containerStatuses[0].restartCount)
+        if node == NODE:
+            pid = container_process(deployed, plugin.status.containerStatuses[0].containerID)
+        else:
+            (agent,) = [a for a in agents(deployed, node) if a.pod == plugin.metadata.name]
+            pid = agent.pid
+        subprocess.run(["kill", "-9", str(pid)], check=True)
+
+    def back(node: str) -> bool:
+        name, restarts = before[node]
+        pod = real_client.get(Pod, name, namespace=NAMESPACE)
         status = pod.status.containerStatuses[0]
         return status.restartCount == restarts + 1 and ready(pod) and \
-            allocatable(real_client) == "63"
+            allocatable(real_client, RESOURCE, node) == "63"
 
-    wait_for(back, timeout=120, what="the plugin restarted by the kubelet, its pool back")
+    for node in (NODE, STAND_IN):
+        wait_for(lambda n=node: back(n), timeout=120,
+                 what=f"the plugin on {node} restarted, its pool back")
 
 
 def test_a_restarted_kubelet_gets_the_device_plugins_registered_again(

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from nicop.cni.multus import Selection
 from nicop.node.host import MOUNTS_ENV, Host, Mounts
 from nicop.node.readiness import Readiness, probe
 from nicop_sim.network import selections
@@ -61,7 +62,6 @@ def test_network_selections_in_both_annotation_forms() -> None:
             "k8s.v1.cni.cncf.io/networks": value}}}
 
     assert selections(pod("roce, other/ib@ib0")) == [
-        {"name": "roce", "namespace": "team"},
-        {"name": "ib", "namespace": "other", "interface": "ib0"}]
+        Selection("roce", "team"), Selection("ib", "other", interface="ib0")]
     assert selections(pod('[{"name": "roce", "interface": "net5"}]')) == [
-        {"name": "roce", "namespace": "team", "interface": "net5"}]
+        Selection("roce", "team", interface="net5")]

@@ -59,9 +59,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 The node agents whose pods serve /metrics on a port named `metrics`, as a Prometheus
 relabel regex over "<nvidia.com/ofed-driver present>;<app label>": the driver (any pod with the
 label nvidia.com/ofed-driver), the RDMA and SR-IOV device plugins (a NicNodePolicy's RDMA
-plugin has the policy's name appended), the SR-IOV config daemon, the CNI daemon and the DRA
+plugin has the policy's name appended), the SR-IOV config daemon, the CNI daemon, multus and the DRA
 driver (its name too).
 */}}
 {{- define "nicop.agentPodsRegex" -}}
-true;.*|.*;(rdma-shared-dp(-.+)?|sriovdp|sriov-device-plugin|sriov-network-config-daemon|nicop-cni-daemon|nicop-dra-driver(-.+)?)
+true;.*|.*;(rdma-shared-dp(-.+)?|sriovdp|sriov-device-plugin|sriov-network-config-daemon|nicop-cni-daemon|multus|nicop-dra-driver(-.+)?)
 {{- end }}
