@@ -156,13 +156,18 @@ def test_a_workload_gets_its_rdma_devices_in_its_container(
 
 
 @pytest.fixture(scope="module")
-def sriov(deployed: LocalCluster, real_client: Client) -> None:
+def sriov(deployed: LocalCluster, real_client: Client) -> Iterator[None]:
     """examples/demo/sriov.yaml applied: 8 VFs (4 a port) in the allocatable of the real node
-    and of a stand-in."""
+    and of a stand-in. Deleted after, and the SR-IOV daemons gone with the VFs they reset."""
     kubectl(deployed, "apply", "-f", str(SRIOV))
     for node in (NODE, STAND_IN):
         wait_for(lambda n=node: allocatable(real_client, VF_RESOURCE, n) == "8", timeout=180,
                  what=f"8 VFs in the allocatable of {node}")
+    yield
+    kubectl(deployed, "delete", "-f", str(SRIOV))
+    wait_for(lambda: not [p for p in pods_on(real_client, NODE)
+                          if p.metadata.name.startswith("sriov-")], timeout=180,
+             what="the SR-IOV daemons gone from the real node")
 
 
 def vf_workload(name: str, node: str) -> Pod:
@@ -180,6 +185,22 @@ def attached(client: Client, name: str) -> Pod | None:
     """The pod once Ready with its network-status written."""
     pod = client.get(Pod, name, namespace="default")
     return pod if ready(pod) and NETWORK_STATUS in (pod.metadata.annotations or {}) else None
+
+
+# Inside a workload's container: its links (/proc/net/dev: a container of this node sees the
+# node's simulated /sys, not its own network namespace's), its devices, its addresses and
+# net1's MAC (the image has python3, no iproute2).
+LOOK_INSIDE = ("tail -n +3 /proc/net/dev | cut -d: -f1; echo --; ls /dev/infiniband; echo --; "
+               "cat /proc/net/fib_trie; echo --; python3 -c 'import fcntl, socket, struct; "
+               "s = socket.socket(); print(fcntl.ioctl(s.fileno(), 0x8927, "
+               "struct.pack(\"256s\", b\"net1\"))[18:24].hex(\":\"))'")
+
+
+def look_inside(cluster: LocalCluster, pod: str) -> tuple[list[str], list[str], str, str]:
+    """The links, /dev/infiniband entries, fib_trie and net1 MAC of `pod`'s container."""
+    links, devices, fib, mac = kubectl(cluster, "exec", "-n", "default", pod, "--", "sh", "-c",
+                                       LOOK_INSIDE).split("--\n")
+    return links.split(), devices.split(), fib, mac.strip()
 
 
 def fib_addresses(text: str) -> set[str]:
@@ -205,13 +226,10 @@ def test_a_pod_on_the_sriov_network_has_its_vf_with_its_address_vlan_and_rdma_de
         assert vf["name"] == "default/roce-vlan100"
         [address] = vf["ips"]
         assert address.startswith("192.168."), vf
-        inside = kubectl(deployed, "exec", "-n", "default", "vf-workload", "--", "sh", "-c",
-                         "cat /sys/class/net/net1/address /proc/net/fib_trie; "
-                         "ls /dev/infiniband")
-        mac, _, rest = inside.partition("\n")
-        assert mac == vf["mac"]
-        assert address in fib_addresses(rest), rest
-        assert "rdma_cm" in rest.split() and any(w.startswith("uverbs") for w in rest.split())
+        links, devices, fib, mac = look_inside(deployed, "vf-workload")
+        assert "net1" in links and mac == vf["mac"], (links, mac)
+        assert address in fib_addresses(fib), fib
+        assert "rdma_cm" in devices and any(d.startswith("uverbs") for d in devices), devices
         pci = vf["device-info"]["pci"]["pci-address"]
         vlans = [state.get("vlan") for f in (deployed.real_node(NODE).tree / ".sim/pf")
                  .glob("*.json") for state in json.loads(f.read_text()).values()]
@@ -274,10 +292,8 @@ def what_a_user_sees(cluster: LocalCluster, client: Client, node: str) -> dict[s
     try:
         pod = wait_for(lambda: attached(client, name), timeout=90, what=f"{name} attached")
         if node == NODE:
-            links, devices, fib = kubectl(cluster, "exec", "-n", "default", name, "--", "sh", "-c",
-                                          "ls /sys/class/net; echo --; ls /dev/infiniband; "
-                                          "echo --; cat /proc/net/fib_trie").split("--\n")
-            names, found, addresses = links.split(), devices.split(), fib_addresses(fib)
+            names, found, fib, _ = look_inside(cluster, name)
+            addresses = fib_addresses(fib)
         else:
             netns = f"cni-{pod.metadata.uid[:13]}"
             shown = json.loads(subprocess.run(["ip", "-n", netns, "-j", "addr"], check=True,
