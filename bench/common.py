@@ -28,14 +28,16 @@ LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 @contextmanager
 def cluster_with_operator(tmp: Path, nodes: int, profiles: list[str],
-                          node_agents: bool = False, trace_memory: bool = False
-                          ) -> Iterator[Operator]:
+                          node_agents: bool = False, trace_memory: bool = False,
+                          real_nodes: int = 0) -> Iterator[Operator]:
     """A local cluster and the operator; kwok plays every pod unless `node_agents` (a node
     stand-in per node runs nicop's pods: too many processes for a big cluster). With
-    `trace_memory` the operator traces its allocations (slower) for `memory_by_module`."""
+    `trace_memory` the operator traces its allocations (slower) for `memory_by_module`.
+    `real_nodes` more nodes run a real kubelet and containerd (root, `make runtime image`)."""
     cluster = LocalCluster(tmp / "cluster")
     t = time.monotonic()
-    cluster.up(nodes=nodes, profiles=profiles, die_with_parent=True, node_agents=node_agents)
+    cluster.up(nodes=nodes, profiles=profiles, die_with_parent=True, node_agents=node_agents,
+               real_nodes=real_nodes)
     print(f"cluster with {nodes} nodes up in {time.monotonic() - t:.1f}s")
     try:
         client = cluster.client()

@@ -1,5 +1,6 @@
 """The node stand-in's network: the node's network namespace and the container runtime's CNI
-calls for the pods kwok plays (root only: network namespaces need it).
+calls for the node's pods not on the host network, whether kwok plays them or the stand-in runs
+them (a workload of nicop's image; root only: network namespaces need it).
 
 - The node's namespace holds a link for every netdev its simulated sysfs tree shows (a veth
   end named like the netdev, with its MAC), as the kernel would create them: VFs appear there
@@ -34,7 +35,6 @@ from nicop.kube.informer import Informer
 from nicop.kube.resources import NETWORK_ATTACHMENT_DEFINITION as NAD
 from nicop.kube.resources import POD, Obj
 from nicop_sim.kubelet import DEVICES_ANNOTATION
-from nicop_sim.pods import is_nicop_pod
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +74,14 @@ def ensure_netns(name: str) -> None:
         ip("-n", name, "link", "set", "lo", "up")
 
 
-def add_default_interface(netns: str, addresses: list[str]) -> str:
-    """The pod's eth0 with kwok's addresses, where a runtime's default network puts them (a
-    dummy link: nothing routes through it here); its MAC."""
+def add_default_interface(netns: str, node_netns: str, addresses: list[str]) -> str:
+    """The pod's eth0 with kwok's addresses, where a runtime's default network puts them: one
+    end of a veth pair whose other end is in the node's namespace, as a bridge plugin makes it
+    (nothing routes through it here); its MAC."""
     if ip("-n", netns, "link", "show", "eth0", check=False).returncode != 0:
-        made = ip("-n", netns, "link", "add", "eth0", "type", "dummy", check=False)
+        host_end = f"veth{zlib.crc32(netns.encode()):08x}"
+        made = ip("-n", node_netns, "link", "add", host_end, "type", "veth", "peer", "name",
+                  "eth0", "netns", netns, check=False)
         if made.returncode != 0:
             raise CniFailed(f"default network: cannot add eth0: {made.stderr.strip()}")
         for address in addresses:
@@ -165,7 +168,8 @@ class NodeNetwork:
 
     async def sync_pods(self) -> None:
         live = {p["metadata"]["uid"]: p for p in self.pods.store.items()
-                if not p["metadata"].get("deletionTimestamp") and not is_nicop_pod(p)}
+                if not p["metadata"].get("deletionTimestamp")
+                and not (p.get("spec") or {}).get("hostNetwork")}
         for record in self._records():
             if record["uid"] not in live:
                 await asyncio.to_thread(self._teardown, record)
@@ -204,7 +208,7 @@ class NodeNetwork:
         addresses = [a["ip"] for a in pod.get("status", {}).get("podIPs") or []]
         statuses = []
         try:
-            mac = await asyncio.to_thread(add_default_interface, netns, addresses)
+            mac = await asyncio.to_thread(add_default_interface, netns, self.netns, addresses)
             statuses.append(network_status(PRIMARY_NAME, "eth0", {
                 "interfaces": [{"name": "eth0", "mac": mac, "sandbox": f"/run/netns/{netns}"}],
                 "ips": [{"address": a, "interface": 0} for a in addresses]}, default=True))

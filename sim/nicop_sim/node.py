@@ -4,10 +4,11 @@ kwok keeps the Node object Ready and plays the pods of other images. This proces
 the node, for nicop: its hardware (the sysfs tree of its profile, built on first start, with a
 booted simulated kernel), the kubelet's device manager (plugin registration, the node's
 capacity, devices handed to pods, `nicop_sim.kubelet`) and the kubelet's container runtime for
-pods of nicop's image (`nicop_sim.pods`). Agents it starts are told that their machine is the
-simulated one through the environment (`NICOP_PLATFORM=sim` with `nicop_sim.platform`'s
-variables, and `NICOP_HOST_NETNS`), never through their pod spec, which stays the one a real
-node would run.
+pods of nicop's image (`nicop_sim.pods`). SIGHUP restarts the device manager as a kubelet
+restart does (sockets removed, every plugin has to register again) while the pods run on.
+Agents it starts are told that their machine is the simulated one through the environment
+(`NICOP_PLATFORM=sim` with `nicop_sim.platform`'s variables, and `NICOP_HOST_NETNS`), never
+through their pod spec, which stays the one a real node would run.
 
 Every simulated node shares this machine's network, yet a real node's hostNetwork agents each
 have their node's address: a scrape of `<pod IP>:<port>` reaches that node's agent, and every
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +120,15 @@ async def run(options: NodeOptions, stop: asyncio.Event) -> None:
         kubelet = Kubelet(Host(options.root).path(DEVICE_PLUGIN_DIR), options.node_name,
                           options.kubeconfig)
         await kubelet.start()
+        restarts: set[asyncio.Task[None]] = set()
+
+        def restart_kubelet(manager: Kubelet = kubelet) -> None:
+            log.info("SIGHUP: the kubelet's device manager restarts")
+            task = asyncio.create_task(manager.restart())
+            restarts.add(task)
+            task.add_done_callback(restarts.discard)
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, restart_kubelet)
         config = load_config(options.kubeconfig)
         runner = PodRunner(
             client, options.node_name, options.root, options.pods_dir,

@@ -6,10 +6,12 @@ kubelet restart, and a machine left as it was when the cluster goes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
 import subprocess
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Node, Pod
-from tests.integration.agent_loop import agents
+from tests.integration.agent_loop import agents, sample, scrape, stand_ins
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
 
 from nicop.api import dra
@@ -78,16 +80,6 @@ def allocatable(client: Client, resource: str = RESOURCE, node: str = NODE) -> s
     return (client.get(Node, node).status.allocatable or {}).get(resource)
 
 
-def plugin_registrations(address: str) -> float:
-    """What nicop's RDMA plugin on the real node counts of its kubelet registrations (its
-    /metrics on the pod's address: the node's, reached over the node's veth)."""
-    with urllib.request.urlopen(f"http://{address}:9531/metrics", timeout=5) as r:
-        text = r.read().decode()
-    found = re.search(r'^nicop_device_plugin_registrations_total\{resource="'
-                      + re.escape(RESOURCE) + r'"\} ([0-9.e+]+)$', text, re.M)
-    return float(found.group(1)) if found else 0.0
-
-
 @pytest.fixture(scope="module")
 def deployed(real_cluster: LocalCluster, real_client: Client,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
@@ -118,16 +110,21 @@ def test_nicops_agents_run_on_the_real_node_ready_by_the_kubelets_probes(
         deployed: LocalCluster, real_client: Client) -> None:
     """The driver agent (loading the simulated driver), the RDMA shared device plugin, nicop's
     multus daemon and DRA driver, in nicop's image, Ready from the probes the real kubelet ran;
-    the kubelet put the plugin's pool in the node's allocatable."""
+    `kubectl logs` and `kubectl exec` reach each of them; the kubelet put the plugin's pool in
+    the node's allocatable."""
     pods = pods_on(real_client, NODE)
     names = {p.metadata.labels.get("app", "") for p in pods}
     assert any(n.startswith("mofed-ubuntu24.04") for n in names), names
     assert {"rdma-shared-dp", "multus", "nicop-dra-driver"} <= names, names
     for pod in pods:
-        assert ready(pod), pod.metadata.name
+        name = pod.metadata.name
+        assert ready(pod), name
         for status in pod.status.containerStatuses or []:
-            assert status.ready and status.started, (pod.metadata.name, status)
+            assert status.ready and status.started, (name, status)
             assert status.containerID.startswith("containerd://")
+        assert kubectl(deployed, "logs", "-n", NAMESPACE, name, "--all-containers").strip(), name
+        assert "Usage" in kubectl(deployed, "exec", "-n", NAMESPACE, name, "--", "nicop",
+                                  "--help"), name
     node = real_client.get(Node, NODE)
     assert node.status.nodeInfo.containerRuntimeVersion.startswith("containerd://")
     assert node.status.nodeInfo.kubeletVersion.startswith("v1.")
@@ -263,10 +260,11 @@ def test_a_pod_with_a_dra_claim_holds_the_devices_of_its_cdi_spec(
         ibdev = next(d["attributes"][dra.RDMA_DEVICE]["string"]
                      for s in real_client.list(ResourceSlice)
                      if s["spec"]["driver"] == dra.DRIVER and s["spec"].get("nodeName") == NODE
-                     for d in s["spec"]["devices"] if d["name"] == result["device"])
+                     for d in s["spec"].get("devices", []) if d["name"] == result["device"])
         verbs = deployed.real_node(NODE).tree / "sys/class/infiniband_verbs"
-        mine = {v.name for v in verbs.iterdir() if (v / "ibdev").read_text().strip() == ibdev}
-        others = {v.name for v in verbs.iterdir()} - mine
+        mine = {v.name for v in verbs.glob("uverbs*")
+                if (v / "ibdev").read_text().strip() == ibdev}
+        others = {v.name for v in verbs.glob("uverbs*")} - mine
         devices = set(kubectl(deployed, "exec", "-n", "default", "dra-workload", "--",
                               "ls", "/dev/infiniband").split())
         assert mine and mine <= devices and not others & devices, (ibdev, devices)
@@ -341,8 +339,7 @@ def test_a_killed_agent_is_restarted_and_its_resource_comes_back_as_on_a_stand_i
     node's pool is back."""
     before = {}
     for node in (NODE, STAND_IN):
-        (plugin,) = [p for p in pods_on(real_client, node)
-                     if p.metadata.labels.get("app") == "rdma-shared-dp"]
+        plugin = rdma_plugin(real_client, node)
         before[node] = (plugin.metadata.name, plugin.status.containerStatuses[0].restartCount)
         if node == NODE:
             pid = container_process(deployed, plugin.status.containerStatuses[0].containerID)
@@ -363,18 +360,47 @@ def test_a_killed_agent_is_restarted_and_its_resource_comes_back_as_on_a_stand_i
                  what=f"the plugin on {node} restarted, its pool back")
 
 
-def test_a_restarted_kubelet_gets_the_device_plugins_registered_again(
+def test_a_restarted_kubelet_gets_the_device_plugins_registered_again_as_on_a_stand_in(
         deployed: LocalCluster, real_client: Client) -> None:
-    address = real_client.get(Node, NODE).status.addresses[0].address
-    before = plugin_registrations(address)
+    """The real node's kubelet killed (the node starts it again) and a stand-in's device manager
+    restarted (SIGHUP): on both the RDMA plugin registers again and the pool comes back, while
+    the plugin's pod runs on (no container restart)."""
+    before = {}
+    for node in (NODE, STAND_IN):
+        plugin = rdma_plugin(real_client, node)
+        before[node] = (plugin.metadata.name, registrations(plugin),
+                        plugin.status.containerStatuses[0].restartCount)
     kubelet = node_process(deployed, "kubelet")
-    subprocess.run(["kill", str(kubelet)], check=True)  # the node restarts it
+    subprocess.run(["kill", str(kubelet)], check=True)
     wait_for(lambda: node_process(deployed, "kubelet") not in (None, kubelet), timeout=30,
              what="a new kubelet")
-    wait_for(lambda: plugin_registrations(address) > before, timeout=60,
-             what="the RDMA plugin registered with the new kubelet")
-    wait_for(lambda: allocatable(real_client) == "63", timeout=60,
-             what="the pool in allocatable again")
+    [stand_in] = [pid for pid, node in stand_ins(deployed).items() if node == STAND_IN]
+    os.kill(stand_in, signal.SIGHUP)
+
+    def registered_again(node: str) -> bool:
+        name, registered, _ = before[node]
+        plugin = real_client.get(Pod, name, namespace=NAMESPACE)
+        return registrations(plugin) > registered and allocatable(real_client, node=node) == "63"
+
+    for node in (NODE, STAND_IN):
+        wait_for(lambda n=node: registered_again(n), timeout=60,
+                 what=f"the RDMA plugin on {node} registered again, its pool back")
+        name, _, restarts = before[node]
+        pod = real_client.get(Pod, name, namespace=NAMESPACE)
+        assert pod.status.containerStatuses[0].restartCount == restarts, node
+
+
+def rdma_plugin(client: Client, node: str) -> Pod:
+    (plugin,) = [p for p in pods_on(client, node)
+                 if p.metadata.labels.get("app") == "rdma-shared-dp"]
+    return plugin
+
+
+def registrations(plugin: Pod) -> float:
+    """What nicop's RDMA plugin counts of its kubelet registrations (its /metrics, where a
+    PodMonitor scrapes it)."""
+    return sample(scrape(plugin), "nicop_device_plugin_registrations_total",
+                  resource=RESOURCE) or 0.0
 
 
 def node_process(cluster: LocalCluster, name: str) -> int | None:
@@ -465,5 +491,8 @@ def test_cluster_down_leaves_the_machine_as_it_was(
         during = machine(mark)
         assert {n.split()[1] for n in during["processes"]} >= {"kubelet", "containerd", "pause"}
         assert during["cgroups"] and during["links"] and during["netns"]
+    # killed processes can take a moment to be reaped by init after `down` returns
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: machine(mark) == before, timeout=15, what="the machine as it was")
     after = machine(mark)
     assert after == before, {k: (before[k], after[k]) for k in before if before[k] != after[k]}
