@@ -1,8 +1,8 @@
 """Pod start latency on a real node against a node stand-in of the same hardware.
 
 One real node (a real kubelet, containerd and runc: nicop_sim.realnode) and two stand-ins, all
-ConnectX-6 Dx; the demo policy with nicop's image for every component (its multus daemon too)
-and examples/demo/sriov.yaml (4 VFs a port, an nv-ipam pool, roce-vlan100). On each of real-1
+ConnectX-6 Dx; the demo policy (nicop's image for every component, its multus daemon too) and
+examples/demo/sriov.yaml (4 VFs a port, an nv-ipam pool, roce-vlan100). On each of real-1
 and node-1, 20 pods one after the other, each asking for the RDMA pool and one VF on
 roce-vlan100: the time from the pod's create to Ready with its network-status (its VF, with an
 address from the pool), then the pod is deleted and gone before the next. Prints p50, p99 and
@@ -33,12 +33,6 @@ REAL, STAND_IN = "real-1", "node-1"
 PODS = 20
 RDMA, VF = "nvidia.com/rdma_roce", "nvidia.com/cx6dx_vf"
 NETWORK_STATUS = "k8s.v1.cni.cncf.io/network-status"
-
-
-def policy() -> dict[str, Any]:
-    body = yaml.safe_load((ROOT / "examples/nicclusterpolicy-demo.yaml").read_text())
-    body["spec"]["secondaryNetwork"] = {"multus": {"image": "nicop"}}
-    return dict(body)
 
 
 def workload(name: str, node: str) -> Pod:
@@ -114,7 +108,8 @@ def percentile(values: list[float], q: float) -> float:
 def main() -> None:
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp, cluster_with_operator(
             Path(tmp), 2, ["cx6dx"], node_agents=True, real_nodes=1) as op:
-        op.client.apply(NCP(**policy()), field_manager="bench", force=True)
+        policy = yaml.safe_load((ROOT / "examples/nicclusterpolicy-demo.yaml").read_text())
+        op.client.apply(NCP(**policy), field_manager="bench", force=True)
         print(f"policy ready in {op.wait_policy(timeout=300):.1f}s")
         subprocess.run([str(op.cluster.bin_dir / "kubectl"), "--kubeconfig",
                         str(op.cluster.kubeconfig), "apply", "-f",

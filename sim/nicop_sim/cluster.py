@@ -377,6 +377,12 @@ class LocalCluster:
             return nodes / node
         return Path(tempfile.gettempdir()) / f"nicop-{self._digest}" / node
 
+    def hardware_root(self, node: str) -> Path:
+        """Where a node's simulated hardware is: a real node's tree (what its /sys shows), or a
+        stand-in node's filesystem."""
+        real = self.real_node(node) if node.startswith("real-") else None
+        return real.tree if real is not None and real.tree.exists() else self.node_root(node)
+
     @property
     def _digest(self) -> str:
         return hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:6]
@@ -654,25 +660,34 @@ class LocalCluster:
         state = self.state_dir / "r" / name
         return realnode.RealNode(name, state, state / "tree", self._digest, index)
 
+    def real_node_blocker(self) -> str | None:
+        """Why this machine cannot run a real node now (None: it can)."""
+        if os.geteuid() != 0:
+            return "a real node needs root (network and mount namespaces, cgroups)"
+        for path, hint in ((default_runtime_dir() / "containerd",
+                            "make runtime (hack/build-runtime.sh)"),
+                           (self.bin_dir / "kubelet",
+                            "make controlplane (hack/build-controlplane.sh)"),
+                           (default_image(), "make image (hack/build-image.sh)")):
+            if not path.exists():
+                return f"a real node needs {path}: build it with {hint}"
+        return None
+
     def start_real_nodes(self, count: int, profile: str, die_with_parent: bool = False,
                          progress: Progress = lambda _: None) -> list[str]:
         """`count` real nodes, each Ready from its own kubelet; their Node objects carry the
         profile's NFD labels, as Node Feature Discovery would put them."""
         if count <= 0:
             return []
-        if os.geteuid() != 0:
-            raise ClusterError("a real node needs root (network and mount namespaces, cgroups)")
         if profile not in hardware.PROFILES:
             raise ClusterError(f"unknown hardware profile {profile!r}; known: "
                                f"{', '.join(hardware.PROFILES)}")
+        blocker = self.real_node_blocker()
+        if blocker is not None:
+            raise ClusterError(blocker)
         runtime = default_runtime_dir()
         kubelet = self.bin_dir / "kubelet"
         image = default_image()
-        for path, hint in ((runtime / "containerd", "make runtime (hack/build-runtime.sh)"),
-                           (kubelet, "make controlplane (hack/build-controlplane.sh)"),
-                           (image, "make image (hack/build-image.sh)")):
-            if not path.exists():
-                raise ClusterError(f"a real node needs {path}: build it with {hint}")
         t = time.monotonic()
         port = self.state().ports["kube-apiserver"]
         names = [f"real-{i}" for i in range(1, count + 1)]

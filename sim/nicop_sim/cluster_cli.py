@@ -138,12 +138,16 @@ def demo(
     profile: Profiles = None,
     state_dir: StateDir = None,
     bin_dir: BinDir = None,
+    real_node: Annotated[bool | None, typer.Option(
+        "--real-node/--no-real-node",
+        help="Add real-1, a node run by a real kubelet, containerd and runc (root; make runtime "
+             "image). Default: when this machine can, else the demo says why not.")] = None,
 ) -> None:
     """Run nicop end to end on this machine with simulated GPU nodes."""
     from nicop_sim import demo as demo_module
     from nicop_sim.cluster import ClusterError
 
     try:
-        demo_module.run(console, nodes, profile, state_dir, bin_dir)
+        demo_module.run(console, nodes, profile, state_dir, bin_dir, real_node)
     except (ClusterError, ValueError) as e:
         raise fail(str(e)) from None

@@ -1,8 +1,10 @@
 """`nicop demo`: the whole system on one machine, step by step, with simulated GPU nodes.
 
 The demo starts the local cluster (whose node stand-ins run the pods of nicop's image on each
-node's simulated hardware) and the operator, and nothing else: every agent runs because the
-operator rendered a DaemonSet for it. It then applies what a user would, and shows the result.
+node's simulated hardware; with root and the runtime and image built, also a real node whose
+kubelet runs them as containers through containerd and runc) and the operator, and nothing
+else: every agent runs because the operator rendered a DaemonSet for it. It then applies what a
+user would, and shows the result.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ WORKLOADS: dict[str, tuple[dict[str, str], str | None]] = {
     "rdma-test": ({"nvidia.com/rdma": "1"}, None),
     "sriov-test": ({VF_RESOURCE: "1", "nvidia.com/rdma_roce": "1"}, "roce-vlan100"),
 }
+REAL_NODE = "real-1"  # a ConnectX-6 Dx; sriov-test runs there when the demo has it
+REAL_NODE_IMAGE = "nicop:0.1.0"  # the one image a real node has (no registry is reached)
+WORKLOAD_IMAGE = "mellanox/rping-test"
 
 
 class Demo:
@@ -49,6 +54,7 @@ class Demo:
         self.cluster = cluster
         self.client: Any = None
         self.applied_at = 0.0
+        self.real_node = False
 
     def step(self, title: str) -> None:
         self.console.rule(f"[bold]{title}")
@@ -76,18 +82,32 @@ class Demo:
         self.client.apply(kind(**body), field_manager="nicop-demo", force=True)
 
     # ------------------------------------------------------------------ steps
-    def start_cluster(self, nodes: int, profiles: list[str] | None) -> None:
+    def start_cluster(self, nodes: int, profiles: list[str] | None,
+                      real_node: bool | None) -> None:
+        from lightkube.resources.core_v1 import Node
+
         self.step("1. A local cluster with simulated GPU nodes")
-        result = self.cluster.up(nodes=nodes, profiles=profiles,
+        blocker = self.cluster.real_node_blocker()
+        if real_node and blocker:
+            raise ClusterError(blocker)
+        wanted = real_node is not False and blocker is None
+        if real_node is None and blocker:
+            self.console.print(f"  without a real node: {blocker}")
+        result = self.cluster.up(nodes=nodes, profiles=profiles, real_nodes=int(wanted),
                                  progress=lambda line: self.console.print(f"  {line}"))
         if result.already_running:
             self.console.print(f"  already up at {self.cluster.server}")
         else:
             self.console.print(f"  up in {result.seconds:.1f}s at {self.cluster.server}")
         self.client = self.cluster.client()
+        self.real_node = any(n.metadata.name == REAL_NODE for n in self.client.list(Node))
         show_nodes(self.console, self.client)
         self.console.print("  Each node has a node stand-in (`nicop sim-node`): its kubelet for "
                            "nicop, running the pods of nicop's image there as processes.")
+        if self.real_node:
+            self.console.print(f"  {REAL_NODE} is a real node: a real kubelet, containerd and "
+                               "runc run its pods as containers of nicop's image, in a network "
+                               "and mount namespace of its own; only its NICs are simulated.")
 
     def start_operator(self) -> None:
         from lightkube.core.exceptions import ApiError
@@ -146,7 +166,8 @@ class Demo:
         from lightkube.resources.core_v1 import Node, Pod
 
         self.step("4. nicop's agents run from the operator's DaemonSets")
-        table = Table("node", "pod", "ready", "process (started by the node's stand-in)")
+        table = Table("node", "pod", "ready", "process (started by the node's stand-in), or "
+                      "container (a real node's)")
         agents = self.cluster.agents()
         for pod in sorted(self.client.list(Pod, namespace=NAMESPACE),
                           key=lambda p: (p.spec.nodeName or "", p.metadata.name)):
@@ -155,6 +176,10 @@ class Demo:
             node = pod.spec.nodeName or "-"
             procs = [f"pid {a.pid}: nicop {a.command}" for a in agents
                      if a.node == node and a.pod == pod.metadata.name]
+            procs += [f"{s.containerID[:25]}: {' '.join(c.args or c.command or [])[:40]}"
+                      for c, s in zip(pod.spec.containers,
+                                      pod.status.containerStatuses or [], strict=False)
+                      if (s.containerID or "").startswith("containerd://")]
             ready = any(c.type == "Ready" and c.status == "True"
                         for c in pod.status.conditions or [])
             table.add_row(node, pod.metadata.name, "yes" if ready else "no",
@@ -203,7 +228,7 @@ class Demo:
             return found if found and complete else {}
 
         for node, count in sorted(self.wait(f"waiting for {VF_RESOURCE}", vfs).items()):
-            root = self.cluster.node_root(node)
+            root = self.cluster.hardware_root(node)
             made = sorted((root / "sys/class/net").glob("*v[0-9]*"))
             self.console.print(f"  {node}: {VF_RESOURCE}={count}; VF netdevs "
                                f"{', '.join(p.name for p in made)}")
@@ -221,21 +246,26 @@ class Demo:
 
         self.step("6. Pods get their devices, and a VF with an address on the SR-IOV network")
         for name, (resources, network) in WORKLOADS.items():
-            extra = f" on network {network}" if network else ""
+            on_real_node = bool(network) and self.real_node
+            extra = (f" on network {network}" if network else "") + (
+                f", on {REAL_NODE} (the real node)" if on_real_node else "")
             self.console.print(f"  deployment default/{name}: one pod requesting "
                                f"{resources}{extra}")
             labels = {"app": name}
             annotations = {"k8s.v1.cni.cncf.io/networks": network} if network else None
+            container = Container(
+                name="app", image=REAL_NODE_IMAGE if on_real_node else WORKLOAD_IMAGE,
+                command=["sh", "-c", "trap 'exit 0' TERM; sleep infinity & wait"]
+                if on_real_node else None,  # ends on SIGTERM, so a drain need not wait
+                resources=ResourceRequirements(requests=resources, limits=resources))
             self.client.apply(Deployment(
                 metadata=ObjectMeta(name=name, namespace="default"),
                 spec=DeploymentSpec(
                     replicas=1, selector=LabelSelector(matchLabels=labels),
                     template=PodTemplateSpec(
                         metadata=ObjectMeta(labels=labels, annotations=annotations),
-                        spec=PodSpec(containers=[Container(
-                            name="app", image="mellanox/rping-test",
-                            resources=ResourceRequirements(requests=resources,
-                                                           limits=resources))]))),
+                        spec=PodSpec(containers=[container], nodeSelector={
+                            "kubernetes.io/hostname": REAL_NODE} if on_real_node else None))),
             ), field_manager="nicop-demo", force=True)
         self.show_pods(first=True)
 
@@ -249,8 +279,13 @@ class Demo:
                 self.console.print(f"  (the first workload pod ran with its devices "
                                    f"{time.monotonic() - self.applied_at:.0f}s after the "
                                    "policy was applied)")
-            devices = json.loads(pod.metadata.annotations[DEVICES_ANNOTATION])["app"]
             self.console.print(f"  {pod.metadata.name}: {pod.status.phase} on {pod.spec.nodeName}")
+            if pod.spec.nodeName == REAL_NODE:
+                self.console.print(escape(
+                    f"    $ kubectl exec {pod.metadata.name} -- ls /dev/infiniband\n"
+                    f"    {self.devices_inside(pod.metadata.name)}"))
+            devices = json.loads((pod.metadata.annotations or {}).get(DEVICES_ANNOTATION)
+                                 or '{"app": {}}')["app"]
             for resource, got in sorted(devices.items()):
                 env = ", ".join(f"{k}={v}" for k, v in sorted(got["env"].items())
                                 if not k.endswith("_INFO"))
@@ -337,10 +372,25 @@ class Demo:
                      "nicop status",
                      "nicop diagnose node node-4",
                      f"ls {self.cluster.state_dir}/p/<node>/      # each pod's volumes and logs",
+                     *([f"ls {self.cluster.real_node(REAL_NODE).state}/logs/      # {REAL_NODE}'s "
+                        "kubelet and containerd",
+                        "kubectl exec deploy/sriov-test -- ls /dev/infiniband"]
+                       if self.real_node else []),
                      "nicop cluster down      # stops every process; data stays for the next run"):
             self.console.print(f"  {line}")
 
     # ------------------------------------------------------------------ helpers
+    def devices_inside(self, pod: str) -> str:
+        """The RDMA device nodes a container of the real node sees (what its kubelet gave it
+        from the device plugins' Allocate)."""
+        import subprocess
+
+        done = subprocess.run(
+            [str(self.cluster.bin_dir / "kubectl"), "--kubeconfig", str(self.cluster.kubeconfig),
+             "exec", "-n", "default", pod, "--", "ls", "/dev/infiniband"],
+            capture_output=True, text=True, timeout=60, check=False)
+        return " ".join(done.stdout.split()) if done.returncode == 0 else done.stderr.strip()
+
     def expected_resources(self, node: Any) -> set[str]:
         """What the demo policy's RDMA plugin advertises on this node's hardware."""
         profile = hardware.PROFILES[(node.metadata.annotations or {})[
@@ -350,10 +400,11 @@ class Demo:
 
 
 def run(console: Console, nodes: int, profiles: list[str] | None, state_dir: Path | None,
-        bin_dir: Path | None) -> None:
+        bin_dir: Path | None, real_node: bool | None = None) -> None:
+    """`real_node`: True needs one, False runs without, None adds one when the machine can."""
     demo = Demo(console, LocalCluster(state_dir, bin_dir))
     started = time.monotonic()
-    demo.start_cluster(nodes, profiles)
+    demo.start_cluster(nodes, profiles, real_node)
     demo.start_operator()
     demo.apply_policy()
     demo.show_agents()
@@ -366,14 +417,16 @@ def run(console: Console, nodes: int, profiles: list[str] | None, state_dir: Pat
 
 
 def _allocated(client: Any, app: str, networked: bool) -> Any:
-    """The Running pod of deployment `app` once the node gave it its devices (and networks)."""
+    """The Running pod of deployment `app` once the node gave it its devices (and networks);
+    a real node's kubelet starts a container only after that."""
     from lightkube.resources.core_v1 import Pod
 
     for pod in client.list(Pod, namespace="default", labels={"app": app}):
         annotations = pod.metadata.annotations or {}
         running = pod.status.phase == "Running" and not pod.metadata.deletionTimestamp
         attached = not networked or NETWORK_STATUS in annotations
-        if running and DEVICES_ANNOTATION in annotations and attached:
+        allocated = DEVICES_ANNOTATION in annotations or pod.spec.nodeName == REAL_NODE
+        if running and allocated and attached:
             return pod
     return None
 
@@ -429,7 +482,7 @@ def upgrade_table(client: Any, cluster: LocalCluster, target: str) -> tuple[Tabl
         if state is None:
             continue
         total += 1
-        path = cluster.node_root(node.metadata.name) / "sys/module/mlx5_core/version"
+        path = cluster.hardware_root(node.metadata.name) / "sys/module/mlx5_core/version"
         loaded = path.read_text().strip() if path.exists() else "(none)"
         done += state == "upgrade-done" and version_matches(loaded, target)
         table.add_row(node.metadata.name, state, "yes" if node.spec.unschedulable else "",

@@ -5,6 +5,7 @@ and the workloads a drain has to move."""
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,9 +19,11 @@ from lightkube.models.policy_v1 import PodDisruptionBudgetSpec
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
 from lightkube.resources.policy_v1 import PodDisruptionBudget
+from lightkube.types import PatchType
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
 
 from nicop.api.install import install_crds
+from nicop.api.upgrade import HOLDS_SLOT
 from nicop_sim.cluster import LocalCluster, running_cluster
 
 STATE = "nvidia.com/ofed-driver-upgrade-state"
@@ -104,3 +107,53 @@ def _exists(client: Client, kind: type, name: str, namespace: str) -> bool:
     except ApiError:
         return False
     return True
+
+
+class StateWatch:
+    """Every upgrade state a node shows while it runs, in the order the API server wrote them
+    (one watch stream is ordered by resourceVersion), so a node that went through an upgrade
+    and back in between two looks is still seen, and the most nodes in progress at once is
+    known. Its failure fails the test."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.seen: dict[str, list[str | None]] = {}
+        self.most_in_progress = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        current: dict[str, str | None] = {}
+        try:
+            for _, node in self.client.watch(Node):
+                state = (node.metadata.labels or {}).get(STATE)
+                current[node.metadata.name] = state
+                states = self.seen.setdefault(node.metadata.name, [])
+                if not states or states[-1] != state:
+                    states.append(state)
+                self.most_in_progress = max(self.most_in_progress,
+                                            sum(s in HOLDS_SLOT for s in current.values()))
+                if self._stop.is_set():
+                    return
+        except BaseException as e:  # reported by stop()
+            self.error = e
+
+    def started(self) -> StateWatch:
+        """Once the watch has told every node as it is now."""
+        count = len(list(self.client.list(Node)))
+        wait_for(lambda: len(self.seen) >= count or self.error, timeout=30,
+                 what="the node watch to start")
+        return self
+
+    def stop(self) -> dict[str, list[str | None]]:
+        self._stop.set()
+        # One write wakes the watch so it sees the stop; the annotation means nothing.
+        wake = next(iter(self.client.list(Node))).metadata.name
+        self.client.patch(Node, wake, {"metadata": {"annotations": {
+            "test.nicop.io/wake": str(id(self))}}}, patch_type=PatchType.MERGE)
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "the node watch did not stop"
+        assert self.error is None, f"the node watch failed: {self.error!r}"
+        return self.seen

@@ -1,6 +1,6 @@
-"""`make demo` as a user runs it: it starts the cluster (with its node stand-ins) and the
-operator, nothing else; every agent process was started by a node stand-in for a pod of a
-DaemonSet the operator rendered."""
+"""`make demo` as a user runs it: it starts the cluster (with its node stand-ins, and as root a
+real node) and the operator, nothing else; every agent process was started by a node stand-in
+for a pod of a DaemonSet the operator rendered, or by the real node's kubelet as a container."""
 
 from __future__ import annotations
 
@@ -34,13 +34,22 @@ def test_the_demo_starts_no_agent_itself(state_dir: Path, controlplane_bin: Path
     started = set(cluster.state().processes)
     stand_ins = {p.pid: name.split("/")[0] for name, p in cluster.state().processes.items()
                  if name.endswith("/sim-node")}
+    real = cluster.real_node_blocker() is None  # root, with the runtime and image make test built
     assert started == {*COMPONENTS, "operator", *(f"{node}/sim-node"
-                                                  for node in stand_ins.values())}, started
+                                                  for node in stand_ins.values()),
+                       *(["real-1/real-node"] if real else [])}, started
     agents = cluster.agents()
     assert {a.command for a in agents} >= {
         "driver run", "rdma-device-plugin", "sriov-config-daemon", "sriov-device-plugin",
         "cni-daemon"}, sorted(a.command for a in agents)
     for agent in agents:  # each started by the stand-in of its node, none by the demo
         assert stand_ins.get(agent.ppid) == agent.node, agent
+    shown = " ".join(demo.stdout.split())
     if os.geteuid() == 0:  # the VF and its address, from CNI
-        assert "default/roce-vlan100: net1 192.168." in " ".join(demo.stdout.split())
+        assert "default/roce-vlan100: net1 192.168." in shown
+    if real:  # the SR-IOV workload ran on the real node, its RDMA devices in its container
+        assert "on real-1" in shown and "containerd://" in shown
+        inside = shown.partition("-- ls /dev/infiniband ")[2][:120]
+        assert "uverbs" in inside and "rdma_cm" in inside, shown[-3000:]
+    else:
+        assert "without a real node: " in shown

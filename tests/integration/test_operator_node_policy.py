@@ -11,6 +11,7 @@ from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
+from tests.integration.driver_upgrades import StateWatch
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
 from tests.integration.test_operator_policy import (
     apply_policy,
@@ -141,17 +142,17 @@ def test_node_groups_run_their_policys_components_and_conflicts_are_reported(
     storage_pods = driver_pods(client, storage_drivers)
     bumped = example("nicnodepolicy-gpu-nodes.yaml")
     bumped["spec"]["ofedDriver"]["version"] = NEW_DRIVER
-    seen: set[str] = set()
 
     def upgraded() -> bool:
-        seen.add(upgrade_states(client)["node-1"] or "")
         [pod] = driver_pods(client, {gpu_driver}).values()
         return (f":{NEW_DRIVER}-" in pod.spec.containers[0].image
                 and upgrade_states(client)["node-1"] == "upgrade-done"
                 and not client.get(Node, "node-1").spec.unschedulable)
 
+    states = StateWatch(client).started()  # every state node-1 shows, none missed between looks
     apply_nnp(client, bumped)
     wait_for(upgraded, 180, "node-1 upgraded to the new driver")
+    seen = set(states.stop()["node-1"])
     assert seen & set(IN_PROGRESS), f"node-1 went through the upgrade states, saw {seen}"
     assert driver_pods(client, storage_drivers) == storage_pods, "storage drivers untouched"
     assert upgrade_states(client) == dict.fromkeys(GROUPS, "upgrade-done")

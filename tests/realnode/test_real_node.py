@@ -50,11 +50,9 @@ ResourceSlice = create_global_resource("resource.k8s.io", "v1", "ResourceSlice",
 
 
 def policy() -> dict[str, Any]:
-    """The demo's policy with nicop's image for every component: nicop's multus daemon (no
-    registry here serves upstream's; the node's own bridge is the default network, so no
-    cniPlugins either) and nicop's DRA driver beside the device plugins."""
+    """The demo's policy (nicop's image for every component, its multus daemon too: no registry
+    here serves upstream's) with nicop's DRA driver beside the device plugins."""
     body = yaml.safe_load((ROOT / "examples/nicclusterpolicy-demo.yaml").read_text())
-    body["spec"]["secondaryNetwork"] = {"multus": {"image": "nicop"}}
     body["spec"]["draDriver"] = {}
     return dict(body)
 
