@@ -232,7 +232,10 @@ class LocalCluster:
             if node_agents:
                 from lightkube.resources.core_v1 import Node
 
-                names = sorted(n.metadata.name for n in self.client().list(Node))
+                real = {name.split("/")[0] for name in self.state().processes
+                        if name.endswith("/real-node")}  # their own kubelet runs their pods
+                names = sorted(n.metadata.name for n in self.client().list(Node)
+                               if n.metadata.name not in real)
                 self.start_node_agents(names, die_with_parent, progress)
             return UpResult(True, 0.0, [])
         if any(alive.values()):

@@ -473,8 +473,8 @@ def _read(path: Path) -> str:
 
 def test_cluster_down_leaves_the_machine_as_it_was(
         controlplane_bin: Path, image: Path, runtime_bin: Path, tmp_path: Path) -> None:
-    """A cluster with a real node running a pod, then `down`: no process, mount, cgroup, link,
-    network namespace or kernel setting of it stays."""
+    """A cluster with a real node running a pod (a second `up` adds nothing to it), then
+    `down`: no process, mount, cgroup, link, network namespace or kernel setting of it stays."""
     state = tmp_path / "c"
     mark = f"nicop-{LocalCluster(state)._digest}"
     before = machine(mark)
@@ -488,6 +488,9 @@ def test_cluster_down_leaves_the_machine_as_it_was(
                  what="a pod running on the real node")
         during = machine(mark)
         assert {n.split()[1] for n in during["processes"]} >= {"kubelet", "containerd", "pause"}
+        started = set(cluster.state().processes)
+        assert cluster.up(nodes=0, real_nodes=1).already_running  # as a second `make demo`
+        assert set(cluster.state().processes) == started  # no stand-in for the real node
         assert during["cgroups"] and during["links"] and during["netns"]
     # killed processes can take a moment to be reaped by init after `down` returns
     with contextlib.suppress(AssertionError):
