@@ -5,9 +5,9 @@ ConnectX-6 Dx; the demo policy (nicop's image for every component, its multus da
 examples/demo/sriov.yaml (4 VFs a port, an nv-ipam pool, roce-vlan100). On each of real-1
 and node-1, 20 pods one after the other, each asking for the RDMA pool and one VF on
 roce-vlan100: the time from the pod's create to Ready with its network-status (its VF, with an
-address from the pool), then the pod is deleted and gone before the next. Prints p50, p99 and
-max per node, their ratio, and the CPU seconds and peak RSS of what plays the node: the real
-kubelet and containerd, and the stand-in's one process.
+address from the pool), then the pod is deleted (gracefully) and gone before the next. Prints
+p50, p99 and max per node, their ratio, and the CPU seconds and peak RSS of what plays the
+node: the real kubelet and containerd, and the stand-in's one process.
 Run as root from the repository root after `make runtime image`:
     .venv/bin/python -m bench.bench_pod_start
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 from lightkube.core.exceptions import ApiError
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import Event, Node, Pod
 
 from bench.bench_agent_loop import usage
 from bench.common import NCP, Operator, cluster_with_operator
@@ -31,6 +31,7 @@ from bench.common import NCP, Operator, cluster_with_operator
 ROOT = Path(__file__).resolve().parents[1]
 REAL, STAND_IN = "real-1", "node-1"
 PODS = 20
+SLOW = 3.0  # seconds: a slower start prints the pod's warnings
 RDMA, VF = "nvidia.com/rdma_roce", "nvidia.com/cx6dx_vf"
 NETWORK_STATUS = "k8s.v1.cni.cncf.io/network-status"
 
@@ -41,8 +42,9 @@ def workload(name: str, node: str) -> Pod:
         "metadata": {"name": name, "namespace": "default",
                      "annotations": {"k8s.v1.cni.cncf.io/networks": "roce-vlan100"}},
         "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
-                 "terminationGracePeriodSeconds": 0, "containers": [{
-                     "name": "app", "image": "nicop:0.1.0", "command": ["sleep", "3600"],
+                 "terminationGracePeriodSeconds": 5, "containers": [{
+                     "name": "app", "image": "nicop:0.1.0",
+                     "command": ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"],
                      "resources": {"limits": {VF: "1", RDMA: "1"}}}]}})
 
 
@@ -95,7 +97,14 @@ def latencies(op: Operator, node: str) -> list[float]:
         op.client.create(workload(name, node))
         wait(f"{name} Ready with its VF", lambda n=name: started(op.client, n), every=0.05)
         seconds.append(time.monotonic() - begin)
-        op.client.delete(Pod, name, namespace="default", grace_period=0)
+        if seconds[-1] > SLOW:
+            print(f"  {name}: {seconds[-1]:.1f}s; its Events: " + "; ".join(
+                f"{e.reason}: {e.message}" for e in op.client.list(
+                    Event, namespace="default", fields={"involvedObject.name": name})
+                if e.type == "Warning") or "none")
+        # deleted as kubectl delete does: the kubelet tears the pod's networks down before the
+        # pod goes (a forced delete lets the next pod get the VF before its DEL, and wait)
+        op.client.delete(Pod, name, namespace="default")
         wait(f"{name} gone", lambda n=name: gone(op.client, n))
     return seconds
 
