@@ -110,23 +110,29 @@ def test_nicops_agents_run_on_the_real_node_ready_by_the_kubelets_probes(
     multus daemon and DRA driver, in nicop's image, Ready from the probes the real kubelet ran;
     `kubectl logs` and `kubectl exec` reach each of them; the kubelet put the plugin's pool in
     the node's allocatable."""
-    pods = pods_on(real_client, NODE)
-    names = {p.metadata.labels.get("app", "") for p in pods}
+    names = every_agent_answers(deployed, real_client)
     assert any(n.startswith("mofed-ubuntu24.04") for n in names), names
     assert {"rdma-shared-dp", "multus", "nicop-dra-driver"} <= names, names
+    node = real_client.get(Node, NODE)
+    assert node.status.nodeInfo.containerRuntimeVersion.startswith("containerd://")
+    assert node.status.nodeInfo.kubeletVersion.startswith("v1.")
+    assert allocatable(real_client) == "63"
+
+
+def every_agent_answers(cluster: LocalCluster, client: Client) -> set[str]:
+    """Every agent pod on the real node is Ready, its containers started by containerd, and
+    `kubectl logs` and `kubectl exec` reach it; their `app` labels."""
+    pods = pods_on(client, NODE)
     for pod in pods:
         name = pod.metadata.name
         assert ready(pod), name
         for status in pod.status.containerStatuses or []:
             assert status.ready and status.started, (name, status)
             assert status.containerID.startswith("containerd://")
-        assert kubectl(deployed, "logs", "-n", NAMESPACE, name, "--all-containers").strip(), name
-        assert "Usage" in kubectl(deployed, "exec", "-n", NAMESPACE, name, "--", "nicop",
+        assert kubectl(cluster, "logs", "-n", NAMESPACE, name, "--all-containers").strip(), name
+        assert "Usage" in kubectl(cluster, "exec", "-n", NAMESPACE, name, "--", "nicop",
                                   "--help"), name
-    node = real_client.get(Node, NODE)
-    assert node.status.nodeInfo.containerRuntimeVersion.startswith("containerd://")
-    assert node.status.nodeInfo.kubeletVersion.startswith("v1.")
-    assert allocatable(real_client) == "63"
+    return {p.metadata.labels.get("app", p.metadata.name) for p in pods}
 
 
 def test_a_workload_gets_its_rdma_devices_in_its_container(
@@ -217,7 +223,10 @@ def test_a_pod_on_the_sriov_network_has_its_vf_with_its_address_vlan_and_rdma_de
     kubelet puts them in allocatable; a pod on roce-vlan100 asking for a VF is attached by the
     runtime's CNI chain (containerd, nicop's multus, the sriov delegate, nv-ipam): inside its
     container `net1` has the MAC and pool address its network-status names, the VF carries
-    VLAN 100 on its PF, and its RDMA devices are there."""
+    VLAN 100 on its PF, and its RDMA devices are there. The SR-IOV agents answer as the
+    others do."""
+    agents = every_agent_answers(deployed, real_client)
+    assert {"sriov-network-config-daemon", "sriov-device-plugin", "nicop-cni-daemon"} <= agents
     real_client.create(vf_workload("vf-workload", NODE))
     try:
         pod = wait_for(lambda: attached(real_client, "vf-workload"), timeout=90,

@@ -293,6 +293,9 @@ CniSocket = Annotated[
     typer.Option("--socket", help="Unix socket of the daemon, a path on the node (under "
                  "--host-root)."),
 ]
+CniBinDir = Annotated[str, typer.Option(help="CNI bin dir on the node (under --host-root).")]
+NodePython = Annotated[
+    str, typer.Option(help="Python 3 of the node that runs the plugin executables.")]
 
 
 @app.command("cni-daemon")
@@ -367,14 +370,10 @@ def cni_daemon(
 
 @app.command("cni-install")
 def cni_install(
-    cni_bin_dir: Annotated[
-        str, typer.Option(help="CNI bin dir on the node (under --host-root).")
-    ] = "/opt/cni/bin",
+    cni_bin_dir: CniBinDir = "/opt/cni/bin",
     host_root: HostRoot = Path("/"),
     socket: CniSocket = "/run/nicop/cni.sock",
-    python: Annotated[
-        str, typer.Option(help="Python 3 of the node that runs the plugin executables.")
-    ] = "/usr/bin/python3",
+    python: NodePython = "/usr/bin/python3",
     plugin: Annotated[
         list[str] | None, typer.Option(help="Plugins to install (default: all).")
     ] = None,
@@ -450,14 +449,10 @@ def multus_daemon(
 
 @app.command("multus-install")
 def multus_install(
-    cni_bin_dir: Annotated[
-        str, typer.Option(help="CNI bin dir on the node (under --host-root).")
-    ] = "/opt/cni/bin",
+    cni_bin_dir: CniBinDir = "/opt/cni/bin",
     host_root: HostRoot = Path("/"),
     socket: CniSocket = "/run/nicop/multus.sock",
-    python: Annotated[
-        str, typer.Option(help="Python 3 of the node that runs the plugin executable.")
-    ] = "/usr/bin/python3",
+    python: NodePython = "/usr/bin/python3",
 ) -> None:
     """Install the `multus` CNI plugin executable that forwards to `nicop multus-daemon`
     (with nicop-multus.conf naming its socket)."""

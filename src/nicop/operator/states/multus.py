@@ -34,6 +34,20 @@ CONF_DIR = "/tmp/multus-conf"  # where the configured file is mounted in the con
 CONF_FILE = "00-multus.conf"
 
 
+def policy_config(ctx: Context, spec: Obj, objects: list[Obj], volumes: list[Obj],
+                  mounts: list[Obj]) -> str:
+    """The policy's own Multus config (`config`) as a ConfigMap mounted where Multus reads it;
+    the daemon's --multus-conf-file (`auto`, a config made from the node's, without one)."""
+    config = spec.get("config")
+    if not config:
+        return "auto"
+    objects.append(config_map(ctx, "multus-cni-config", {"cni-conf.json": config}))
+    volumes.append({"name": "multus-cni-config", "configMap": {
+        "name": "multus-cni-config", "items": [{"key": "cni-conf.json", "path": CONF_FILE}]}})
+    mounts.append({"name": "multus-cni-config", "mountPath": CONF_DIR})
+    return f"{CONF_DIR}/{CONF_FILE}"
+
+
 def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
     if uses_nicop(spec):
         return render_nicop(ctx, spec)
@@ -47,15 +61,7 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
                                          "/host/etc/cni/net.d")
     cni_bin, cni_bin_mount = host_path("cnibin", ctx.cni_bin_dir, "/host/opt/cni/bin")
     volumes, mounts = [cni_conf, cni_bin], [cni_conf_mount, cni_bin_mount]
-    conf_file = "auto"
-    config = spec.get("config")
-    if config:
-        objects.append(config_map(ctx, "multus-cni-config", {"cni-conf.json": config}))
-        volumes.append({"name": "multus-cni-config", "configMap": {
-            "name": "multus-cni-config", "items": [{"key": "cni-conf.json",
-                                                    "path": CONF_FILE}]}})
-        mounts.append({"name": "multus-cni-config", "mountPath": CONF_DIR})
-        conf_file = f"{CONF_DIR}/{CONF_FILE}"
+    conf_file = policy_config(ctx, spec, objects, volumes, mounts)
     ref = image(ctx, spec, path)
     # The thin plugin: an init container copies the multus binary onto the host, the daemon
     # writes the configuration that points the runtime at it (upstream's
@@ -83,7 +89,7 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
                    command=["/thin_entrypoint"], args=args,
                    default_resources=resources("100m", "50Mi", "100m", "50Mi"),
                    securityContext=as_root, terminationMessagePolicy="FallbackToLogsOnError")],
-        app="multus", volumes=volumes, service_account_name=NAME, config=config or None,
+        app="multus", volumes=volumes, service_account_name=NAME, config=spec.get("config") or None,
         managed_only=False, init_containers=[install], priority_class=NODE_CRITICAL,
         grace_period=10, selector={"name": "multus"}, pod_labels={"tier": "node"},
     ))
@@ -109,15 +115,7 @@ def render_nicop(ctx: Context, spec: Obj) -> list[Obj]:
             mount["mountPropagation"] = "HostToContainer"
         volumes.append(volume)
         mounts.append(mount)
-    conf_file = "auto"
-    config = spec.get("config")
-    if config:
-        objects.append(config_map(ctx, "multus-cni-config", {"cni-conf.json": config}))
-        volumes.append({"name": "multus-cni-config", "configMap": {
-            "name": "multus-cni-config", "items": [{"key": "cni-conf.json",
-                                                    "path": CONF_FILE}]}})
-        mounts.append({"name": "multus-cni-config", "mountPath": CONF_DIR})
-        conf_file = f"{CONF_DIR}/{CONF_FILE}"
+    conf_file = policy_config(ctx, spec, objects, volumes, mounts)
     install = agent_container(
         ctx, "install-multus-shim", {},
         ["multus-install", "--host-root", "/host", "--cni-bin-dir", ctx.cni_bin_dir,
@@ -132,7 +130,7 @@ def render_nicop(ctx: Context, spec: Obj) -> list[Obj]:
     objects.append(daemonset(
         ctx, "kube-multus-ds", spec, [daemon],
         app="multus", node_selector=LINUX, volumes=volumes, service_account_name=NAME,
-        config=config or None, managed_only=False, init_containers=[install],
+        config=spec.get("config") or None, managed_only=False, init_containers=[install],
         priority_class=NODE_CRITICAL, grace_period=10, selector={"name": "multus"},
         pod_labels={"tier": "node"},
     ))
