@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 from lightkube import Client
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import Event, Node, Pod
 from tests.integration.driver_upgrades import (
+    WORK,
     NicClusterPolicy,
     budget,
     deployment,
@@ -194,6 +195,35 @@ def test_operator_restart_mid_rollout_resumes_without_repeating(
     observer.stop()
     assert all(len(uids) == 2 for uids in observer.driver_pods.values()), \
         "no node is upgraded twice"
+
+
+def test_a_set_based_drain_selector_evicts_exactly_the_pods_it_names(
+    bclient: Client, op: OperatorProcess
+) -> None:
+    """upgradePolicy.drain.podSelector in Kubernetes' set-based syntax (`app in (train,infer)`,
+    as apimachinery's labels.Parse reads it; its selector_test.go tables are in
+    tests/unit/test_selectors_upstream.py). Written unclosed first, it holds the rollout with
+    an InvalidUpgradePolicy Event naming the field; once fixed, the rollout runs without an
+    operator restart, and its drains evict the train and infer pods and no other."""
+    for name, replicas in (("train", 10), ("infer", 5), ("web", 10)):
+        deployment(bclient, name, replicas, f"registry.local/{name}:1")
+    wait_running(bclient, 25)
+    policy = copy.deepcopy(POLICY)
+    start(bclient, policy)
+    before = {p.metadata.uid: p.metadata.labels["app"] for p in bclient.list(Pod, namespace=WORK)}
+    policy["spec"]["ofedDriver"]["upgradePolicy"]["drain"]["podSelector"] = "app in (train,infer"
+    bumped = bump(bclient, policy)
+    event = wait_for(lambda: next((e for e in bclient.list(Event, namespace="default")
+                                   if e.reason == "InvalidUpgradePolicy"), None), 60,
+                     "the InvalidUpgradePolicy Event")
+    assert "upgradePolicy.drain.podSelector" in event.message, event.message
+    assert set(states(bclient).values()) == {"upgrade-done"}, "no node moves while it is held"
+    bumped["spec"]["ofedDriver"]["upgradePolicy"]["drain"]["podSelector"] = "app in (train,infer)"
+    bclient.apply(NicClusterPolicy(**bumped), field_manager="test", force=True)
+    wait_for(lambda: rolled_out(bclient), 300, "the rollout to finish")
+    after = {p.metadata.uid for p in bclient.list(Pod, namespace=WORK)}
+    assert {app for uid, app in before.items() if uid in after} == {"web"}
+    assert {app for uid, app in before.items() if uid not in after} == {"train", "infer"}
 
 
 def test_turning_auto_upgrade_off_stops_and_cleans_up(

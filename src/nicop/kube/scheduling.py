@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from nicop.kube import selectors
 from nicop.kube.resources import Obj
 
 # What the DaemonSet controller tolerates for every DaemonSet pod (and, with hostNetwork,
@@ -21,41 +22,9 @@ HOST_NETWORK_TOLERATION = {"key": "node.kubernetes.io/network-unavailable", "ope
                            "effect": "NoSchedule"}
 
 
-def _requirement(req: Obj, values: dict[str, str]) -> bool:
-    key, op, wanted = req.get("key", ""), req.get("operator", ""), req.get("values") or []
-    if op == "Exists":
-        return key in values
-    if op == "DoesNotExist":
-        return key not in values
-    if op == "In":
-        return key in values and values[key] in wanted
-    if op == "NotIn":
-        return key not in values or values[key] not in wanted
-    if op in ("Gt", "Lt") and key in values and len(wanted) == 1:
-        try:
-            have, bound = int(values[key]), int(wanted[0])
-        except ValueError:
-            return False
-        return have > bound if op == "Gt" else have < bound
-    return False
-
-
 def node_matches(selector: Obj | None, node: Obj) -> bool:
-    """core/v1 NodeSelector semantics: terms ORed, requirements ANDed, an empty term matches
-    nothing; no selector matches every node."""
-    if not selector:
-        return True
-    meta = node.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    fields = {"metadata.name": meta.get("name", "")}
-    for term in selector.get("nodeSelectorTerms") or []:
-        exprs, field_reqs = term.get("matchExpressions") or [], term.get("matchFields") or []
-        if not exprs and not field_reqs:
-            continue
-        if all(_requirement(r, labels) for r in exprs) and \
-                all(_requirement(r, fields) for r in field_reqs):
-            return True
-    return False
+    """core/v1 NodeSelector semantics (nicop.kube.selectors)."""
+    return selectors.matches_node_selector(selector, node)
 
 
 def tolerates(tolerations: list[Obj], taint: Obj) -> bool:

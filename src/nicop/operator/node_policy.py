@@ -16,6 +16,7 @@ from typing import Any
 
 from nicop.api.labels import DRIVER_LABEL, MOFED_WAIT_LABEL, OPT_IN_LABEL, POLICY_NAME
 from nicop.api.nodes import is_managed, labels_of, unmanaged_reason
+from nicop.kube import selectors
 from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.resources import NIC_CLUSTER_POLICY as NCP
@@ -41,9 +42,8 @@ NOT_READY_RECHECK = 30.0
 
 def selects(policy: Obj, node: Obj) -> bool:
     """The policy's nodeSelector matches the node (an empty one matches every node)."""
-    labels = labels_of(node)
-    return all(labels.get(k) == v
-               for k, v in ((policy.get("spec") or {}).get("nodeSelector") or {}).items())
+    return selectors.matches_map((policy.get("spec") or {}).get("nodeSelector"),
+                                 labels_of(node))
 
 
 def nnp_driver_nodes(policies: list[Obj], nodes: list[Obj]) -> set[str]:

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping
 
 from nicop import logs
 from nicop.api.labels import MANAGED_BY_LABEL, MANAGED_BY_VALUE
+from nicop.kube import selectors
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.conditions import with_condition
 from nicop.kube.events import EventRecorder
@@ -89,8 +90,7 @@ def name_of(obj: Obj) -> str:
 
 def labels_match(selector: Mapping[str, str], node: Obj) -> bool:
     """Every label of the selector present on the node with that value."""
-    labels = node["metadata"].get("labels") or {}
-    return all(k in labels and labels[k] == v for k, v in selector.items())
+    return selectors.matches_map(selector, node["metadata"].get("labels") or {})
 
 
 def selects_node(policy: Obj, node: Obj) -> bool:

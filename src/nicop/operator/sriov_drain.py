@@ -42,6 +42,7 @@ from nicop.api.labels import (
     IDLE,
     REBOOT_REQUIRED,
 )
+from nicop.kube import selectors
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Controller, Manager, Result
@@ -98,28 +99,6 @@ def apply_log_level(config: Obj | None) -> None:
 
 # ------------------------------------------------------------------------------ pools
 
-def label_selector_matches(selector: Obj | None, labels: Mapping[str, str]) -> bool:
-    """A meta/v1 LabelSelector (matchLabels and matchExpressions) against labels.
-
-    An empty selector selects every node, as in Kubernetes.
-    """
-    selector = selector or {}
-    for key, value in (selector.get("matchLabels") or {}).items():
-        if labels.get(key) != value:
-            return False
-    for req in selector.get("matchExpressions") or []:
-        key, op, values = req.get("key", ""), req.get("operator"), req.get("values") or []
-        if op == "In" and labels.get(key) not in values:
-            return False
-        if op == "NotIn" and key in labels and labels[key] in values:
-            return False
-        if op == "Exists" and key not in labels:
-            return False
-        if op == "DoesNotExist" and key in labels:
-            return False
-    return True
-
-
 class PoolError(Exception):
     """A node matches more than one SriovNetworkPoolConfig; the message names them."""
 
@@ -131,13 +110,21 @@ def pool_of(node: Obj, pools: list[Obj]) -> Obj | None:
     """
     labels = node["metadata"].get("labels") or {}
     matching = [p for p in pools if (p.get("spec") or {}).get("nodeSelector") is not None
-                and label_selector_matches(p["spec"]["nodeSelector"], labels)]
+                and _selects(p, labels)]
     if len(matching) > 1:
         names = ", ".join(sorted(p["metadata"]["name"] for p in matching))
         raise PoolError(f"node {node['metadata']['name']} matches more than one "
                         f"SriovNetworkPoolConfig ({names}); change their nodeSelectors so that "
                         "each node is in at most one pool")
     return matching[0] if matching else None
+
+
+def _selects(pool: Obj, labels: Mapping[str, str]) -> bool:
+    try:
+        return selectors.matches_label_selector(pool["spec"]["nodeSelector"], labels)
+    except selectors.SelectorError as e:
+        raise PoolError(f"SriovNetworkPoolConfig {pool['metadata']['name']}: spec.nodeSelector: "
+                        f"{e}") from None
 
 
 def pool_limit(pool: Obj | None, size: int) -> int:

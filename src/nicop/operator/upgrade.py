@@ -55,6 +55,7 @@ from nicop.api.upgrade import (
     WAIT_FOR_JOBS,
     WAIT_START_ANNOTATION,
 )
+from nicop.kube import selectors
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Controller, Manager, Result
@@ -88,25 +89,6 @@ def max_unavailable(value: Any, total: int) -> int:
     if isinstance(value, str) and value.endswith("%"):
         return math.ceil(total * float(value[:-1]) / 100)
     return int(value)
-
-
-def selector_matches(selector: str, labels: dict[str, str]) -> bool:
-    """A label selector string (equality, !=, exists, !exists) against labels."""
-    for term in (t.strip() for t in selector.split(",") if t.strip()):
-        if "!=" in term:
-            key, value = (s.strip() for s in term.split("!=", 1))
-            if labels.get(key) == value:
-                return False
-        elif "==" in term or "=" in term:
-            key, value = (s.strip() for s in term.replace("==", "=").split("=", 1))
-            if labels.get(key) != value:
-                return False
-        elif term.startswith("!"):
-            if term[1:].strip() in labels:
-                return False
-        elif term not in labels:
-            return False
-    return True
 
 
 @dataclass
@@ -163,15 +145,24 @@ class NodeView:
 
 @dataclass
 class Plan:
-    """The policy's upgradePolicy with defaults applied."""
+    """The policy's upgradePolicy with defaults applied; `problem` names a field that is not
+    valid (a pod selector Kubernetes would refuse), which holds the pool's upgrade."""
 
     spec: Obj
+    policy: Obj | None = None
     drain: Obj = field(init=False)
     wait: Obj = field(init=False)
+    problem: str | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.drain = self.spec.get("drain") or {}
         self.wait = self.spec.get("waitForCompletion") or {}
+        for path, section in (("drain", self.drain), ("waitForCompletion", self.wait)):
+            try:
+                selectors.parse(section.get("podSelector") or "")
+            except selectors.SelectorError as e:
+                self.problem = (f"spec.ofedDriver.upgradePolicy.{path}.podSelector: {e}; no "
+                                "node of this policy is upgraded until it is a valid selector")
 
     @property
     def max_parallel(self) -> int:
@@ -224,6 +215,7 @@ class UpgradeController:
         self.policies = manager.informer(NCP)
         self.node_policies = manager.informer(NNP)
         self._pools: dict[str, str] = {}  # node -> the pool its driver pod was last seen in
+        self._reported: dict[str, str] = {}  # pool -> the plan problem already recorded
         self._view_cache: dict[str, NodeView] = {}  # by node name, see _views
         self._revisions_seen: dict[str, str] = {}
         # What each revision's driver runs, by (DaemonSet uid, revision hash).
@@ -279,12 +271,13 @@ class UpgradeController:
         # Nodes are independent until new ones are let in, so they move concurrently: a large
         # rollout is bounded by API round trips, not by one node waiting for the next.
         limit = asyncio.Semaphore(STEP_CONCURRENCY)
+        held = await self._held(plans)
 
         async def step(view: NodeView) -> bool:
             async with limit:
                 if LEGACY_STATE_ANNOTATION in view.annotations:
                     await self._patch(view, annotations={LEGACY_STATE_ANNOTATION: None})
-                if view.labels.get(SKIP_LABEL) == "true":
+                if view.labels.get(SKIP_LABEL) == "true" or view.pool in held:
                     return False
                 return await self._step(view, plans[view.pool])
 
@@ -295,12 +288,31 @@ class UpgradeController:
         if moved:  # the moves are in the cache: start new ones from there
             upgrading = [v for v in self._views() if v.pool in plans]
         for pool, plan in plans.items():
-            moved |= await self._start_new([v for v in upgrading if v.pool == pool], plan)
+            if pool not in held:
+                moved |= await self._start_new([v for v in upgrading if v.pool == pool], plan)
         # From the views: a node moved now is counted in its new state by the next reconcile,
         # which a move always brings.
         metrics.upgrade_states(v.state for v in views)
         active = moved or any(v.state not in ("", DONE) for v in upgrading)
         return Result(requeue_after=ACTIVE_RECHECK) if active else None
+
+    async def _held(self, plans: dict[str, Plan]) -> set[str]:
+        """The pools whose plan has a problem: nothing moves there. Each problem is logged and
+        recorded on its policy once (InvalidUpgradePolicy)."""
+        held = set()
+        for pool, plan in plans.items():
+            if plan.problem is None:
+                continue
+            held.add(pool)
+            if self._reported.get(pool) != plan.problem and plan.policy is not None:
+                log.error("%s", plan.problem, extra=logs.about(
+                    plan.policy["kind"], plan.policy["metadata"]["name"]))
+                await self.recorder.emit(plan.policy, "Warning", "InvalidUpgradePolicy",
+                                         plan.problem)
+            self._reported[pool] = plan.problem
+        for pool in set(self._reported) - held:
+            del self._reported[pool]
+        return held
 
     def _plans(self) -> dict[str, Plan]:
         """The driver pools whose policy asks for automatic upgrades, by pool (ds-owner)."""
@@ -311,7 +323,7 @@ class UpgradeController:
             upgrade = (((policy or {}).get("spec") or {}).get("ofedDriver") or {}).get(
                 "upgradePolicy")
             if upgrade and upgrade.get("autoUpgrade"):
-                plans[owner] = Plan(upgrade)
+                plans[owner] = Plan(upgrade, policy)
         return plans
 
     def _pool_of(self, node: Obj) -> str:
@@ -433,7 +445,7 @@ class UpgradeController:
             if pods is None:
                 return False  # known once listed; the listing wakes this controller
             running = [p for p in pods
-                       if selector_matches(selector, p["metadata"].get("labels") or {})
+                       if selectors.matches_string(selector, p["metadata"].get("labels") or {})
                        and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
             started = view.annotations.get(WAIT_START_ANNOTATION)
             if running and not (timeout and _elapsed(started) >= timeout):
@@ -601,7 +613,7 @@ def evictable(pod: Obj, selector: str) -> bool:
         return False
     if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
         return False
-    return selector_matches(selector, labels)
+    return selectors.matches_string(selector, labels)
 
 
 def _refusal(pod: Obj, drain: Obj) -> str | None:
