@@ -45,18 +45,16 @@ def daemon_pod_filter(pod_spec: Obj) -> Callable[[Obj], bool]:
     """Whether the DaemonSet controller runs a pod of this template on a node: its
     nodeSelector, its required node affinity, and every NoSchedule/NoExecute taint tolerated.
     The template is read once, for asking it of every node of a big cluster."""
-    selector = list((pod_spec.get("nodeSelector") or {}).items())
-    required = (((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"))
+    selector = pod_spec.get("nodeSelector") or {}
+    required = selectors.node_selector(((pod_spec.get("affinity") or {}).get(
+        "nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution"))
     tolerations = [*(pod_spec.get("tolerations") or []), *DAEMON_TOLERATIONS]
     if pod_spec.get("hostNetwork"):
         tolerations.append(HOST_NETWORK_TOLERATION)
 
     def fits(node: Obj) -> bool:
         labels = (node.get("metadata") or {}).get("labels") or {}
-        if any(labels.get(k) != v for k, v in selector):
-            return False
-        if required and not node_matches(required, node):
+        if not selectors.matches_map(selector, labels) or not required(node):
             return False
         return all(tolerates(tolerations, taint) for taint in (node.get("spec") or {}).get(
             "taints") or [] if taint.get("effect") in ("NoSchedule", "NoExecute"))

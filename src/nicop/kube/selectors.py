@@ -16,7 +16,7 @@ reports it instead of selecting nothing.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -241,22 +241,28 @@ def matches_map(selector: Mapping[str, str] | None, labels: Mapping[str, str]) -
     return all(k in labels and labels[k] == v for k, v in (selector or {}).items())
 
 
-def matches_node_selector(selector: Mapping[str, Any] | None, node: Mapping[str, Any]) -> bool:
-    """core/v1 NodeSelector: terms ORed, requirements ANDed, an empty term selects nothing; no
-    selector selects every node."""
+def node_selector(selector: Mapping[str, Any] | None) -> Callable[[Mapping[str, Any]], bool]:
+    """core/v1 NodeSelector as a test of nodes, read once (a DaemonSet's placement asks it of
+    every node): terms ORed, requirements ANDed, an empty term selects nothing; no selector
+    selects every node."""
     if not selector:
-        return True
-    meta = node.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    fields = {"metadata.name": meta.get("name", "")}
-    for term in selector.get("nodeSelectorTerms") or []:
-        exprs, field_reqs = term.get("matchExpressions") or [], term.get("matchFields") or []
-        if not exprs and not field_reqs:
-            continue
-        if all(_node_requirement(r).matches(labels) for r in exprs) and \
-                all(_node_requirement(r).matches(fields) for r in field_reqs):
-            return True
-    return False
+        return lambda node: True
+    terms = [([_node_requirement(r) for r in term.get("matchExpressions") or []],
+              [_node_requirement(r) for r in term.get("matchFields") or []])
+             for term in selector.get("nodeSelectorTerms") or []]
+    terms = [(exprs, fields) for exprs, fields in terms if exprs or fields]
+
+    def selects(node: Mapping[str, Any]) -> bool:
+        meta = node.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        fields = {"metadata.name": meta.get("name", "")}
+        return any(all(r.matches(labels) for r in exprs) and
+                   all(r.matches(fields) for r in field_reqs) for exprs, field_reqs in terms)
+    return selects
+
+
+def matches_node_selector(selector: Mapping[str, Any] | None, node: Mapping[str, Any]) -> bool:
+    return node_selector(selector)(node)
 
 
 def _node_requirement(expr: Mapping[str, Any]) -> Requirement:
