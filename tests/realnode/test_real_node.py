@@ -119,13 +119,18 @@ def test_nicops_agents_run_on_the_real_node_ready_by_the_kubelets_probes(
     assert allocatable(real_client) == "63"
 
 
+def all_ready(pods: list[Pod]) -> list[Pod] | None:
+    return pods if all(ready(p) for p in pods) else None
+
+
 def every_agent_answers(cluster: LocalCluster, client: Client) -> set[str]:
-    """Every agent pod on the real node is Ready, its containers started by containerd, and
-    `kubectl logs` and `kubectl exec` reach it; their `app` labels."""
-    pods = pods_on(client, NODE)
+    """Every agent pod on the real node is Ready (a DaemonSet may be rolling a pod anew), its
+    containers started by containerd, and `kubectl logs` and `kubectl exec` reach it; their
+    `app` labels."""
+    pods = wait_for(lambda: all_ready(pods_on(client, NODE)), timeout=120,
+                    what="every agent pod on the real node Ready")
     for pod in pods:
         name = pod.metadata.name
-        assert ready(pod), name
         for status in pod.status.containerStatuses or []:
             assert status.ready and status.started, (name, status)
             assert status.containerID.startswith("containerd://")
