@@ -144,8 +144,8 @@ def test_node_groups_run_their_policys_components_and_conflicts_are_reported(
     bumped["spec"]["ofedDriver"]["version"] = NEW_DRIVER
 
     def upgraded() -> bool:
-        [pod] = driver_pods(client, {gpu_driver}).values()
-        return (f":{NEW_DRIVER}-" in pod.spec.containers[0].image
+        pods = list(driver_pods(client, {gpu_driver}).values())  # none while it is replaced
+        return (len(pods) == 1 and f":{NEW_DRIVER}-" in pods[0].spec.containers[0].image
                 and upgrade_states(client)["node-1"] == "upgrade-done"
                 and not client.get(Node, "node-1").spec.unschedulable)
 
