@@ -34,6 +34,7 @@ from nicop.api.labels import (
     RESOURCE_NAME_ANNOTATION,
     STATE_LABEL,
 )
+from nicop.kube import selectors
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.resources import (
     DEVICE_CLASS,
@@ -43,7 +44,7 @@ from nicop.kube.resources import (
     Obj,
     quantity,
 )
-from nicop.kube.scheduling import node_matches, tolerates
+from nicop.kube.scheduling import tolerates
 
 Result = Literal["pass", "warn", "fail"]
 Snapshot = st.Snapshot
@@ -544,7 +545,7 @@ def _why_no_pod(snap: Snapshot, ds: Obj, node: Obj) -> tuple[str, str]:
                 f"kubectl label node {name} {key}={wanted}")
     required = (((pod_spec.get("affinity") or {}).get("nodeAffinity") or {})
                 .get("requiredDuringSchedulingIgnoredDuringExecution"))
-    if required and not node_matches(required, node):
+    if required and not selectors.matches_node_selector(required, node):
         return ("the node does not match the DaemonSet's required nodeAffinity (spec."
                 "nodeAffinity of the policy)",
                 f"kubectl edit nicclusterpolicy {POLICY_NAME} (spec.nodeAffinity), or label "

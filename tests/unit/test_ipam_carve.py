@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from nicop.kube.scheduling import node_matches
+from nicop.kube.selectors import matches_node_selector as node_matches
 from nicop.operator.ipam import (
     InvalidPool,
     carve_cidrpool,

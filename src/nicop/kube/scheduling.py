@@ -22,11 +22,6 @@ HOST_NETWORK_TOLERATION = {"key": "node.kubernetes.io/network-unavailable", "ope
                            "effect": "NoSchedule"}
 
 
-def node_matches(selector: Obj | None, node: Obj) -> bool:
-    """core/v1 NodeSelector semantics (nicop.kube.selectors)."""
-    return selectors.matches_node_selector(selector, node)
-
-
 def tolerates(tolerations: list[Obj], taint: Obj) -> bool:
     """core/v1 toleration matching."""
     for t in tolerations:

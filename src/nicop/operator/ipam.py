@@ -29,13 +29,13 @@ from nicop.api.nvipam_rules import (
     validate_cidrpool,
     validate_ippool,
 )
+from nicop.kube import selectors
 from nicop.kube.client import ApiError
 from nicop.kube.conditions import with_condition
 from nicop.kube.events import EventRecorder
 from nicop.kube.informer import Informer
 from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.resources import CIDRPOOL, IPPOOL, NODE, Obj, Resource, key_of
-from nicop.kube.scheduling import node_matches
 
 log = logging.getLogger(__name__)
 
@@ -305,7 +305,7 @@ class IpamController:
         res, carve = KINDS[kind]
         spec = pool.get("spec") or {}
         nodes = sorted(n["metadata"]["name"] for n in self.nodes.store.items()
-                       if node_matches(spec.get("nodeSelector"), n))
+                       if selectors.matches_node_selector(spec.get("nodeSelector"), n))
         status = pool.get("status") or {}
         existing = status.get("allocations") or []
         name = pool["metadata"]["name"]
