@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import ipaddress
 import os
 import shutil
 import signal
@@ -513,6 +514,18 @@ class SimulatedHost(Host):
             if autoprobe:
                 self._bind_mlx5(vf, f"{base}v{i}", vf_mac,
                                 guid="0000:0000:0000:0000", up=up)
+
+    def set_routes(self, routes: dict[str, str]) -> None:
+        """/proc/net/route with one route per IPv4 network (`0.0.0.0/0`: the default route),
+        through the interface named: how the node reaches the cluster."""
+        lines = ["Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU"
+                 "\tWindow\tIRTT"]
+        for network, iface in routes.items():
+            net = ipaddress.IPv4Network(network)
+            dest, mask = (addr.packed[::-1].hex().upper()
+                          for addr in (net.network_address, net.netmask))
+            lines.append(f"{iface}\t{dest}\t00000000\t0001\t0\t0\t0\t{mask}\t0\t0\t0")
+        self._file("/proc/net/route", "\n".join(lines) + "\n")
 
     def set_link(self, ifname: str, up: bool) -> None:
         """Carrier on or off on `ifname`; a PF's VFs follow it (VF link state `auto`)."""

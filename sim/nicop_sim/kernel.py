@@ -141,6 +141,21 @@ class SimulatedKernel:
     def release(self) -> str:
         return (self.host.read("/proc/sys/kernel/osrelease") or "").strip()
 
+    # The driver packages' view of this node: a kernel they have no precompiled driver for (a
+    # custom or just-updated kernel), which a test sets and clears.
+    NO_PRECOMPILED = "/etc/nicop-sim/no-precompiled-driver"
+
+    def withhold_precompiled(self, withheld: bool = True) -> None:
+        marker = self.host.path(self.NO_PRECOMPILED)
+        if withheld:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(self.release + "\n")
+        else:
+            marker.unlink(missing_ok=True)
+
+    def has_precompiled(self) -> bool:
+        return (self.host.read(self.NO_PRECOMPILED) or "").strip() != self.release
+
     def _modules_dir(self, tree: str) -> str:
         return f"/lib/modules/{self.release}/{tree}"
 
@@ -382,7 +397,8 @@ class SimulatedBackend:
         return self.kernel.installed_version() if kernel == self.kernel.release else None
 
     def precompiled_available(self, version: str, kernel: str) -> bool:
-        return version in self.precompiled and kernel == self.kernel.release
+        return (version in self.precompiled and kernel == self.kernel.release
+                and self.kernel.has_precompiled())
 
     def install_precompiled(self, version: str, kernel: str) -> None:
         if not self.precompiled_available(version, kernel):

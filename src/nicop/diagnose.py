@@ -454,6 +454,14 @@ def _driver_checks(snap: Snapshot, node: Obj, policy: Obj) -> list[Check]:
             cause, fix = _why_no_pod(snap, selecting[0], node)
         checks.append(Check(subject, "driver", "fail",
                             f"no driver pod on node {name}: {cause}", fix))
+    elif driver["heldReload"]:
+        for held in driver["heldReload"]:
+            checks.append(Check(
+                subject, "driver reload", "fail",
+                f"the driver agent of pod {ns}/{driver['pod']} holds the driver reload on node "
+                f"{name} (the running driver stays loaded): {held['cause']}",
+                f"{held['fix']}; the agent checks again every few seconds and reloads once "
+                "nothing holds it, with no restart"))
     elif not driver["ready"]:
         pod = driver["pod"]
         restarts = driver["restarts"]

@@ -364,13 +364,17 @@ def driver_of(snap: Snapshot, node: Obj) -> Obj | None:
                         if e.get("name") == "NVIDIA_NIC_DRIVER_VER"), "")
     ready = bool(status and status.get("ready")) and not (
         (pod.get("metadata") or {}).get("deletionTimestamp"))
+    held = [] if ready else upgrade.held_reload(node)
     return {
         "pod": name_of(pod),
         "image": image,
         "version": version,
         "ready": ready,
         "restarts": int((status or {}).get("restartCount", 0)),
-        "problem": None if ready else container_problem(status),
+        "problem": None if ready else (
+            "reload held: " + "; ".join(h["cause"] for h in held) if held
+            else container_problem(status)),
+        "heldReload": held,
     }
 
 

@@ -22,6 +22,7 @@ from lightkube import Client
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Namespace, Node, Pod
 from tests.integration.agent_loop import agents, sample, scrape, stand_ins
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
@@ -355,6 +356,7 @@ def test_a_killed_agent_is_restarted_and_its_resource_comes_back_as_on_a_stand_i
     """The RDMA plugin killed on the real node (its container's process) and on a stand-in
     (its process): on both the pod's restartCount goes up by one, it is Ready again and the
     node's pool is back."""
+    wait_for(lambda: rolled_out(real_client), timeout=120, what="every DaemonSet rolled out")
     before = {}
     for node in (NODE, STAND_IN):
         plugin = rdma_plugin(real_client, node)
@@ -383,6 +385,7 @@ def test_a_restarted_kubelet_gets_the_device_plugins_registered_again_as_on_a_st
     """The real node's kubelet killed (the node starts it again) and a stand-in's device manager
     restarted (SIGHUP): on both the RDMA plugin registers again and the pool comes back, while
     the plugin's pod runs on (no container restart)."""
+    wait_for(lambda: rolled_out(real_client), timeout=120, what="every DaemonSet rolled out")
     before = {}
     for node in (NODE, STAND_IN):
         plugin = rdma_plugin(real_client, node)
@@ -406,6 +409,15 @@ def test_a_restarted_kubelet_gets_the_device_plugins_registered_again_as_on_a_st
         name, _, restarts = before[node]
         pod = real_client.get(Pod, name, namespace=NAMESPACE)
         assert pod.status.containerStatuses[0].restartCount == restarts, node
+
+
+def rolled_out(client: Client) -> bool:
+    """Every nicop DaemonSet has its current template on every node it selects, all Ready: a
+    pod the DaemonSet controller is about to replace is no pod to kill and watch come back."""
+    return all(
+        ds.status is not None and ds.status.observedGeneration == ds.metadata.generation
+        and ds.status.desiredNumberScheduled == (ds.status.updatedNumberScheduled or 0)
+        == ds.status.numberReady for ds in client.list(DaemonSet, namespace=NAMESPACE))
 
 
 def rdma_plugin(client: Client, node: str) -> Pod:

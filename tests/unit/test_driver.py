@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from nicop.node import preflight
 from nicop.node.driver import (
     READY_FILE,
     DriverAgent,
@@ -18,6 +21,7 @@ from nicop.node.driver import (
     nic_functions,
 )
 from nicop.node.kernel import loaded_modules, probe, version_matches
+from nicop.node.preflight import Refusal, Reporter
 from nicop_sim.hardware import PROFILES, SimulatedHost
 from nicop_sim.kernel import SimulatedBackend, SimulatedKernel
 
@@ -89,6 +93,40 @@ def run(node: Node, cfg: DriverConfig | None = None) -> str | None:
     """Run the agent on `node` until ready and stop it; what the readiness file held."""
     agent = DriverAgent(cfg or config(), node.host, node.backend)
     return asyncio.run(_run_until_ready(agent, node))
+
+
+class Recorder(Reporter):
+    """What the agent shows on the node, each time it changes."""
+
+    def __init__(self) -> None:
+        super().__init__(None, None)
+        self.shown: list[list[str]] = []
+
+    async def show(self, refusals: Iterable[Refusal]) -> None:
+        refusals = list(refusals)
+        self.shown.append([r.message() for r in refusals])
+        await super().show(refusals)
+
+
+def held(node: Node, cfg: DriverConfig | None = None) -> str:
+    """Run the agent until it holds the reload; stop it; what it shows as the reason."""
+    recorder = Recorder()
+    agent = DriverAgent(cfg or config(), node.host, node.backend, reporter=recorder)
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(agent.run(stop))
+        for _ in range(250):
+            if (recorder.shown and recorder.shown[-1]) or task.done():
+                break
+            await asyncio.sleep(0.02)
+        stop.set()
+        await task
+
+    asyncio.run(scenario())
+    assert recorder.shown and recorder.shown[-1], "the agent did not hold the reload"
+    assert not node.ready and not any(c.startswith("rmmod") for c in node.backend.commands)
+    return "; ".join(recorder.shown[-1])
 
 
 @pytest.fixture
@@ -184,9 +222,7 @@ def test_create_ifnames_udev_writes_the_naming_rule(cx6dx: Node) -> None:
 def test_upgrade_blocked_by_a_storage_module_names_it_and_the_switch(tmp_path: Path) -> None:
     node = make_node(tmp_path, driver=OLD)
     node.kernel.modprobe("ib_isert")  # an iSER target serving volumes over RDMA
-    with pytest.raises(DriverError) as err:
-        run(node)
-    message = str(err.value)
+    message = held(node)
     assert "ib_isert (storage over RDMA) holds" in message
     assert "UNLOAD_STORAGE_MODULES=true" in message
     assert node.backend.builds == []  # refused before a long compile
@@ -208,9 +244,7 @@ def test_nfs_over_rdma_needs_enable_nfsrdma_to_come_back(
     cx6dx: Node, caplog: pytest.LogCaptureFixture
 ) -> None:
     cx6dx.kernel.modprobe("rpcrdma")
-    with pytest.raises(DriverError, match=r"rpcrdma \(NFS/NVMe over RDMA\) holds .*"
-                       r"ENABLE_NFSRDMA=true"):
-        run(cx6dx)
+    assert re.search(r"rpcrdma \(NFS/NVMe over RDMA\) holds .*ENABLE_NFSRDMA=true", held(cx6dx))
     with caplog.at_level(logging.WARNING, "nicop.driver"):
         run(cx6dx, config(unload_storage_modules=True))
     assert "rpcrdma stays unloaded" in caplog.text
@@ -228,9 +262,8 @@ def test_third_party_rdma_driver_blocks_unless_allowed(
     cx6dx: Node, caplog: pytest.LogCaptureFixture
 ) -> None:
     cx6dx.kernel.modprobe("irdma")  # an Intel E810 next to the ConnectX
-    with pytest.raises(DriverError, match=r"irdma \(another RDMA driver\) holds ib_core; set "
-                       r"UNLOAD_THIRD_PARTY_RDMA_MODULES=true"):
-        run(cx6dx)
+    assert "irdma (another RDMA driver) holds ib_core; fix: set UNLOAD_THIRD_PARTY_RDMA_" \
+        "MODULES=true" in held(cx6dx)
     with caplog.at_level(logging.WARNING, "nicop.driver"):
         run(cx6dx, config(unload_third_party_modules=True))
     assert cx6dx.driver() == NEW
@@ -240,9 +273,10 @@ def test_third_party_rdma_driver_blocks_unless_allowed(
 
 def test_a_module_no_switch_covers_is_named_with_the_way_out(cx6dx: Node) -> None:
     cx6dx.kernel.modprobe("nvidia_peermem")
-    with pytest.raises(DriverError, match=r"nvidia_peermem \(GPUDirect RDMA.*\) holds ib_core "
-                       r"and no switch .*\(rmmod nvidia_peermem\)"):
-        run(cx6dx, config(unload_storage_modules=True, unload_third_party_modules=True))
+    assert re.search(r"nvidia_peermem \(GPUDirect RDMA.*\) holds ib_core and no switch .*"
+                     r"\(rmmod nvidia_peermem\)",
+                     held(cx6dx, config(unload_storage_modules=True,
+                                        unload_third_party_modules=True)))
     assert cx6dx.kernel.is_loaded("nvidia_peermem")
 
 
@@ -254,6 +288,89 @@ def test_devices_in_use_stop_the_reload_before_anything_is_unloaded(tmp_path: Pa
     assert not any(c.startswith("rmmod") for c in node.backend.commands)
     assert node.driver() == "24.07-0.6.1.0"
     assert node.kernel.is_loaded("mlx5_ib")
+
+
+# ------------------------------------------------------------------------------ preflight
+
+
+def test_a_held_reload_goes_on_by_itself_once_the_cause_is_gone(tmp_path: Path) -> None:
+    """A storage module holds the old driver: the agent holds, with no restart, and reloads as
+    soon as somebody unloads the module."""
+    node = make_node(tmp_path, driver=OLD)
+    node.kernel.modprobe("ib_srp")
+    recorder = Recorder()
+    agent = DriverAgent(config(preflight_interval=0.05), node.host, node.backend,
+                        reporter=recorder)
+
+    async def scenario() -> str | None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(agent.run(stop))
+        while not (recorder.shown and recorder.shown[-1]):
+            await asyncio.sleep(0.02)
+        assert node.driver() == OLD and not node.ready
+        node.kernel.rmmod("ib_srp")  # the user's fix
+        for _ in range(250):
+            if node.ready:
+                break
+            await asyncio.sleep(0.02)
+        seen = node.host.read(READY_FILE)
+        stop.set()
+        await task
+        return seen
+
+    assert asyncio.run(scenario()) == NEW
+    assert recorder.shown[-1] == []  # the refusal is taken back
+    assert node.driver() == NEW
+
+
+def mlx5_netdev(node: Node) -> str:
+    return sorted(n for f in nic_functions(node.host).values() for n in f.netdevs)[0]
+
+
+def test_the_management_interface_on_a_connectx_port_holds_the_reload(tmp_path: Path) -> None:
+    """The default route goes out of a ConnectX port: unloading mlx5_core would cut the node
+    off, so the agent holds and names the interface, the route and the switch."""
+    node = make_node(tmp_path, driver=OLD)
+    port = mlx5_netdev(node)
+    node.host.set_routes({"0.0.0.0/0": port, "10.0.0.0/24": port})
+    message = held(node)
+    assert f"{port} carries the default route and goes down with mlx5_core" in message
+    assert "ALLOW_MANAGEMENT_INTERFACE_RELOAD=true in spec.ofedDriver.env" in message
+    assert run(node, config(allow_management_reload=True)) == NEW
+
+
+def test_the_interface_holding_the_internal_ip_counts_even_without_the_default_route(
+        tmp_path: Path) -> None:
+    """Management on a ConnectX port with the default route elsewhere: the most specific route
+    holding the node's InternalIP names it; a bond over the port is followed to it."""
+    node = make_node(tmp_path, driver=OLD)
+    port = mlx5_netdev(node)
+    node.host.set_routes({"0.0.0.0/0": "eno1", "10.0.0.0/16": "eno1", "10.0.7.0/24": port})
+    (refusal,) = preflight.management(node.host, "10.0.7.12", allowed=False)
+    assert refusal.cause.startswith(f"{port} holds the node's InternalIP 10.0.7.12")
+    assert preflight.management(node.host, "10.0.9.12", allowed=False) == []
+    node.host.set_routes({"10.0.7.0/24": "bond0"})
+    bond = node.host.path("/sys/class/net/bond0")
+    bond.mkdir(parents=True)
+    (bond / f"lower_{port}").symlink_to(f"../{port}")
+    (refusal,) = preflight.management(node.host, "10.0.7.12", allowed=False)
+    assert refusal.cause.startswith(f"bond0 (over {port}) holds the node's InternalIP")
+
+
+def test_force_precompiled_holds_rather_than_compiles_for_a_kernel_without_packages(
+        tmp_path: Path) -> None:
+    """forcePrecompiled and no precompiled driver for the running kernel: no build, the old
+    driver stays; once packages for the kernel exist the agent installs them."""
+    node = make_node(tmp_path, driver=OLD)
+    node.backend.precompiled = {NEW}
+    node.kernel.withhold_precompiled()
+    message = held(node, config(force_precompiled=True))
+    assert f"no precompiled driver {NEW} for kernel {node.kernel.release}" in message
+    assert "unset spec.ofedDriver.forcePrecompiled" in message
+    assert node.backend.builds == [] and node.driver() == OLD
+    node.kernel.withhold_precompiled(False)
+    assert run(node, config(force_precompiled=True)) == NEW
+    assert node.backend.builds == []
 
 
 # ------------------------------------------------------------------------------ validation

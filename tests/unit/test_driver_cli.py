@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -70,10 +70,10 @@ def test_the_probe_as_the_daemonset_runs_it_answers_the_same_without_loading_the
         assert "typer" not in imported and "nicop.cli" not in imported
     assert run.returncode == 1 and "want " + VERSION in run.stdout
 
-def _driver(node: Path, log: Path, **env: str) -> subprocess.Popen[bytes]:
+def _driver(node: Path, log: Path, *args: str, **env: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [*NICOP, "driver", "run", "--host-root", str(node),
-         "--log-format", "json", "--validation-timeout", "2"],
+         "--log-format", "json", "--validation-timeout", "2", *args],
         env={**os.environ, "NVIDIA_NIC_DRIVER_VER": VERSION, "NICOP_PLATFORM": "sim", **env},
         stderr=log.open("w"),
     )
@@ -103,11 +103,30 @@ def test_run_marks_ready_and_sigterm_restores_the_inbox_driver(node: Path) -> No
     assert "inbox driver restored" in messages
 
 
-def test_run_exits_1_naming_the_module_that_blocks(node: Path) -> None:
-    SimulatedKernel(node).modprobe("ib_srp")
+def test_run_holds_naming_the_module_that_blocks_and_goes_on_once_it_is_gone(node: Path) -> None:
+    """The container keeps running (no crash loop, no restart) and not ready while a storage
+    module holds the driver; once somebody unloads the module it reloads the driver."""
+    kernel = SimulatedKernel(node)
+    kernel.modprobe("ib_srp")
     log = node / "driver.log"
-    proc = _driver(node, log)
-    assert proc.wait(timeout=30) == 1
-    text = log.read_text()
-    assert "ib_srp (storage over RDMA) holds" in text
-    assert "UNLOAD_STORAGE_MODULES=true" in text
+    proc = _driver(node, log, "--preflight-interval", "0.2")
+    try:
+        wait_until(lambda: "ib_srp (storage over RDMA) holds" in log.read_text(), proc, log)
+        assert "UNLOAD_STORAGE_MODULES=true" in log.read_text()
+        assert not (node / READY).exists()
+        kernel.rmmod("ib_srp")
+        wait_until(lambda: (node / READY).exists(), proc, log)
+        assert "preflight checks pass" in log.read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def wait_until(condition: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert proc.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)

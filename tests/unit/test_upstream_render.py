@@ -21,7 +21,7 @@ from nicop.operator.states import (
     rdma_dp,
     sriov_dp,
 )
-from nicop.operator.states.base import Context, RenderError, name_hash
+from nicop.operator.states.base import Context, name_hash
 
 Obj = dict[str, Any]
 NFD = "feature.node.kubernetes.io"
@@ -206,9 +206,10 @@ def test_force_precompiled_uses_the_precompiled_tag_and_says_so() -> None:
     image = pod(dss["mofed-rhel9.2-687cd9dc94-ds"])["containers"][0]["image"]
     assert image == ("nvcr.io/nvidia/mellanox/doca-driver:25.04-0.6.1.0-2-"
                      "5.14.0-284.43.1.el9_2.x86_64-rhel9.2-amd64")
-    with pytest.raises(RenderError) as e:
-        render_driver({**DRIVER, "image": "nicop", "forcePrecompiled": True})
-    assert e.value.field == "spec.ofedDriver.forcePrecompiled"
+    nicops = by_kind(render_driver({**DRIVER, "image": "nicop", "version": "25.04-0.6.1.0",
+                                    "forcePrecompiled": True}), "DaemonSet")
+    agent = pod(nicops["mofed-rhel9.2-687cd9dc94-ds"])["containers"][0]
+    assert "--force-precompiled" in agent["command"]  # it holds rather than compiles
 
 
 def test_opted_in_nodes_keep_nicops_rule_in_the_driver_daemonsets() -> None:

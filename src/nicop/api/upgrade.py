@@ -20,6 +20,10 @@ LEGACY_STATE_ANNOTATION = "nvidia.com/ofed-upgrade-state"
 # nicop's: when a drain started, and why a node failed.
 DRAIN_START_ANNOTATION = "nicop.io/ofed-driver-upgrade-drain-start-time"
 FAILURE_ANNOTATION = "nicop.io/ofed-driver-upgrade-failure"
+# Written by the driver agent: why it does not reload the driver now (nicop.node.preflight), a
+# line per cause: "<cause>; fix: <fix>".
+PREFLIGHT_ANNOTATION = "nicop.io/ofed-driver-preflight"
+FIX_SEPARATOR = "; fix: "
 
 REQUIRED = "upgrade-required"
 CORDON = "cordon-required"
@@ -39,6 +43,16 @@ VALIDATION = "validation-required"
 HOLDS_SLOT = (*IN_PROGRESS, POD_DELETION, VALIDATION, FAILED)
 # The nodes upstream counts as managed (the base of a percentage maxUnavailable).
 MANAGED = ("", REQUIRED, DONE, *HOLDS_SLOT)
+
+
+def held_reload(node: Obj) -> list[Obj]:
+    """What the node's driver agent says holds its driver reload: each cause with its fix."""
+    text = ((node.get("metadata") or {}).get("annotations") or {}).get(PREFLIGHT_ANNOTATION)
+    held = []
+    for line in (text or "").splitlines():
+        cause, _, fix = line.partition(FIX_SEPARATOR)
+        held.append({"cause": cause, "fix": fix})
+    return held
 
 
 def progress(nodes: list[Obj]) -> Obj | None:

@@ -79,6 +79,14 @@ def driver_run(
     validation_timeout: Annotated[
         float, typer.Option(min=0, help="Seconds to wait for every device to come back.")
     ] = 120.0,
+    preflight_interval: Annotated[
+        float, typer.Option(min=0.1, help="Seconds between checks of a held reload (what "
+                            "holds it is on the node's nicop.io/ofed-driver-preflight).")
+    ] = 10.0,
+    force_precompiled: Annotated[
+        bool, typer.Option(help="Never build the driver on the node: without precompiled "
+                           "packages for the running kernel, hold and say so (forcePrecompiled).")
+    ] = False,
     log_format: LogFormat = "text",
     metrics_port: MetricsPort = 0,
 ) -> None:
@@ -90,7 +98,7 @@ def driver_run(
 
     from nicop import logs
     from nicop.api.labels import SAFE_LOAD_ANNOTATION
-    from nicop.node import driver
+    from nicop.node import driver, preflight
     from nicop.node.metrics import serve_metrics
 
     logs.setup("info", log_format)
@@ -102,7 +110,8 @@ def driver_run(
         cfg = driver.DriverConfig.from_env(
             os.environ, version=version, node_name=node_name, ready_file=ready_file,
             validation_timeout=validation_timeout, safe_load=bool(safe_load),
-            safe_load_annotation=annotation,
+            safe_load_annotation=annotation, force_precompiled=force_precompiled or None,
+            preflight_interval=preflight_interval,
         )
     except driver.DriverError as e:
         raise fail_plain(str(e)) from None
@@ -122,14 +131,17 @@ def driver_run(
             loop.add_signal_handler(sig, stop.set)
         metrics = await serve_metrics(metrics_port)
         client = None
-        if cfg.safe_load:
+        # Safe load needs the API server; preflight uses it to show a refusal on the node.
+        if cfg.safe_load or (cfg.node_name and (kubeconfig is not None
+                                                or "KUBERNETES_SERVICE_HOST" in os.environ)):
             from nicop.kube.client import ApiClient
 
             client = ApiClient(kubeconfig)
         try:
             safe = (driver.SafeLoad(client, cfg.node_name or "", cfg.safe_load_annotation)
-                    if client is not None else None)
-            await driver.DriverAgent(cfg, host, chosen, safe).run(stop)
+                    if client is not None and cfg.safe_load else None)
+            reporter = preflight.Reporter(client, cfg.node_name)
+            await driver.DriverAgent(cfg, host, chosen, safe, reporter).run(stop)
         finally:
             if client is not None:
                 await client.close()

@@ -4,8 +4,11 @@ It puts the wanted driver version in place and keeps it there for the life of th
 
 1. read what runs (`/proc/modules`, `/sys/module/mlx5_core/version`, absent for the inbox
    driver) and stop there when the wanted version is already loaded;
-2. refuse early, before a long compile, when a module the switches do not allow to unload holds
-   the driver (a storage protocol, another vendor's RDMA driver), naming it and the switch;
+2. preflight, before a long compile and before a drain (nicop.node.preflight): hold, showing the
+   cause and the fix on the node, while the reload would cut the node's management interface,
+   a module the switches do not allow to unload holds the driver (a storage protocol, another
+   vendor's RDMA driver), or forcePrecompiled finds no driver for the running kernel; go on as
+   soon as the cause is gone;
 3. install the version for the running kernel: precompiled packages when there are some, else a
    build from sources (the node keeps working meanwhile);
 4. with safe load, annotate the node and wait until the upgrade controller has drained it and
@@ -36,7 +39,7 @@ from prometheus_client import Gauge, Histogram
 from nicop.api.labels import DRIVER_READY_FILE, SAFE_LOAD_ANNOTATION
 from nicop.kube.client import ApiClient
 from nicop.kube.resources import NODE
-from nicop.node import discovery
+from nicop.node import discovery, preflight
 from nicop.node.driver_backends import BackendError, DriverBackend
 from nicop.node.host import Host
 from nicop.node.kernel import Module, loaded_modules, loaded_version, version_matches
@@ -139,6 +142,10 @@ class DriverConfig:
     udev_rules_file: str = UDEV_RULES_FILE
     validation_timeout: float = 120.0
     poll_interval: float = 1.0
+    # Preflight (nicop.node.preflight): how often a refused reload is checked again.
+    preflight_interval: float = 10.0
+    allow_management_reload: bool = False
+    force_precompiled: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], **given: Any) -> DriverConfig:
@@ -151,6 +158,7 @@ class DriverConfig:
             "enable_nfsrdma": env_flag(env, "ENABLE_NFSRDMA"),
             "restore_on_termination": env_flag(env, "RESTORE_DRIVER_ON_POD_TERMINATION"),
             "create_ifnames_udev": env_flag(env, "CREATE_IFNAMES_UDEV"),
+            "allow_management_reload": env_flag(env, preflight.ALLOW_MANAGEMENT_RELOAD_ENV),
         }
         if env.get("STORAGE_MODULES"):
             values["storage_modules"] = tuple(m for m in env["STORAGE_MODULES"].split(":") if m)
@@ -211,25 +219,31 @@ class Blocker:
     kind: str  # storage, nfsrdma, third-party, in-use, other
     users: int = 0
 
-    def message(self) -> str:
+    def refusal(self) -> preflight.Refusal:
         m, held = self.module, self.holds
         if self.kind == "storage":
-            return (f"{m} (storage over RDMA) holds {held}; set UNLOAD_STORAGE_MODULES=true to "
-                    "let the driver container unload it")
+            return preflight.Refusal("modules", f"{m} (storage over RDMA) holds {held}",
+                                     "set UNLOAD_STORAGE_MODULES=true to let the driver "
+                                     "container unload it")
         if self.kind == "nfsrdma":
-            return (f"{m} (NFS/NVMe over RDMA) holds {held}; set UNLOAD_STORAGE_MODULES=true to "
-                    f"let the driver container unload it, or ENABLE_NFSRDMA=true to also load "
-                    f"the new driver's {m} afterwards")
+            return preflight.Refusal("modules", f"{m} (NFS/NVMe over RDMA) holds {held}",
+                                     "set UNLOAD_STORAGE_MODULES=true to let the driver "
+                                     "container unload it, or ENABLE_NFSRDMA=true to also load "
+                                     f"the new driver's {m} afterwards")
         if self.kind == "third-party":
-            return (f"{m} (another RDMA driver) holds {held}; set "
-                    "UNLOAD_THIRD_PARTY_RDMA_MODULES=true to let the driver container unload it")
+            return preflight.Refusal("modules", f"{m} (another RDMA driver) holds {held}",
+                                     "set UNLOAD_THIRD_PARTY_RDMA_MODULES=true to let the driver "
+                                     "container unload it")
         if self.kind == "in-use":
-            return (f"{m} is in use ({self.users} reference(s) from processes: open "
-                    "/dev/infiniband devices or RDMA connections); stop the pods using RDMA on "
-                    "this node first (drain it, or enable safeLoad in the upgrade policy)")
+            return preflight.Refusal(
+                "modules", f"{m} is in use ({self.users} reference(s) from processes: open "
+                "/dev/infiniband devices or RDMA connections)",
+                "stop the pods using RDMA on this node first (drain it, or enable safeLoad in "
+                "the upgrade policy)")
         why = f" ({KNOWN_HOLDERS[m]})" if m in KNOWN_HOLDERS else ""
-        return (f"{m}{why} holds {held} and no switch lets the driver container unload it; "
-                f"unload it on the node (rmmod {m}), then restart this pod")
+        return preflight.Refusal(
+            "modules", f"{m}{why} holds {held} and no switch lets the driver container unload "
+            "it", f"unload it on the node (rmmod {m})")
 
 
 def _kind(module: str, cfg: DriverConfig) -> tuple[str, bool]:
@@ -243,17 +257,12 @@ def _kind(module: str, cfg: DriverConfig) -> tuple[str, bool]:
     return "other", False
 
 
-def plan_unload(
-    modules: Mapping[str, Module], cfg: DriverConfig, *, check_users: bool = True
-) -> list[str]:
-    """The modules to rmmod, in an order the kernel accepts (holders before what they hold).
-
-    Raises DriverError naming every module that blocks it and the switch that would allow it.
-    `check_users` also refuses modules that processes hold open (the node is not drained).
-    """
+def _unload_set(modules: Mapping[str, Module]) -> tuple[set[str], dict[str, str]]:
+    """The driver's loaded modules and everything that holds them; of the holders outside the
+    driver, one driver module each holds."""
     wanted = [m for m in DRIVER_FAMILY if m in modules]
     plan: set[str] = set(wanted)
-    held_by: dict[str, str] = {}  # module outside the driver -> a driver module it holds
+    held_by: dict[str, str] = {}
     stack = list(wanted)
     while stack:
         name = stack.pop()
@@ -264,6 +273,14 @@ def plan_unload(
             stack.append(holder)
             if holder not in DRIVER_FAMILY:
                 held_by.setdefault(holder, name)
+    return plan, held_by
+
+
+def unload_blockers(modules: Mapping[str, Module], cfg: DriverConfig, *,
+                    check_users: bool = True) -> list[Blocker]:
+    """The modules that keep the driver from being unloaded, given the switches; with
+    `check_users` also the ones processes hold open (the node is not drained)."""
+    plan, held_by = _unload_set(modules)
     blockers = []
     for module, held in sorted(held_by.items()):
         kind, allowed = _kind(module, cfg)
@@ -272,9 +289,19 @@ def plan_unload(
     if check_users:
         blockers += [Blocker(m, m, "in-use", modules[m].users)
                      for m in sorted(plan) if modules[m].users]
+    return blockers
+
+
+def plan_unload(modules: Mapping[str, Module], cfg: DriverConfig) -> list[str]:
+    """The modules to rmmod, in an order the kernel accepts (holders before what they hold).
+
+    Raises DriverError naming every module that blocks it (unload_blockers) and its way out.
+    """
+    blockers = unload_blockers(modules, cfg)
     if blockers:
         raise DriverError("cannot unload the running driver: "
-                          + "; ".join(b.message() for b in blockers))
+                          + "; ".join(b.refusal().message() for b in blockers))
+    plan, _ = _unload_set(modules)
     order: list[str] = []
     remaining = set(plan)
     while remaining:
@@ -434,11 +461,13 @@ class DriverAgent:
         host: Host,
         backend: DriverBackend,
         safe_load: SafeLoad | None = None,
+        reporter: preflight.Reporter | None = None,
     ) -> None:
         self.cfg = config
         self.host = host
         self.backend = backend
         self.safe_load = safe_load
+        self.reporter = reporter or preflight.Reporter(None, config.node_name)
         self.ready = ReadyFile(host, config.ready_file)
         self._reloading = False  # unloading/loading modules: a stop waits for the end of it
 
@@ -512,9 +541,9 @@ class DriverAgent:
                 await asyncio.to_thread(self._load, module)
             await self.validate(before, stop)
             return cfg.version
-        if any(m in modules for m in DRIVER_FAMILY):
-            # Before a compile that may take many minutes: fail now on what a drain won't fix.
-            plan_unload(modules, cfg, check_users=False)
+        # Before a compile that may take many minutes, and before a drain: hold on what a
+        # drain won't fix until it is fixed.
+        await self.hold_while_refused(kernel, stop)
         await self.install(kernel)
         if self.safe_load is not None and any(m in loaded_modules(host) for m in DRIVER_FAMILY):
             await self.safe_load.wait(stop)
@@ -533,17 +562,48 @@ class DriverAgent:
         await self.validate(before, stop)
         return cfg.version
 
+    async def hold_while_refused(self, kernel: str, stop: asyncio.Event) -> None:
+        """Wait until nothing refuses the reload (nicop.node.preflight), showing what does."""
+        node_ip = await self.reporter.start()
+        while True:
+            refusals = await asyncio.to_thread(self._refusals, kernel, node_ip)
+            await self.reporter.show(refusals)
+            if not refusals:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.cfg.preflight_interval)
+            if stop.is_set():
+                raise Stopped
+
+    def _refusals(self, kernel: str, node_ip: str | None) -> list[preflight.Refusal]:
+        cfg, host = self.cfg, self.host
+        modules = loaded_modules(host)
+        refusals = []
+        if "mlx5_core" in modules:
+            refusals += preflight.management(host, node_ip, cfg.allow_management_reload)
+        if any(m in modules for m in DRIVER_FAMILY):
+            refusals += [b.refusal() for b in unload_blockers(modules, cfg, check_users=False)]
+        if cfg.force_precompiled and not self._installed(kernel):
+            refusals += preflight.kernel(
+                self.backend.precompiled_available(cfg.version, kernel), cfg.version, kernel)
+        return refusals
+
+    def _installed(self, kernel: str) -> bool:
+        installed = self.backend.installed_version(kernel)
+        return installed is not None and version_matches(installed, self.cfg.version)
+
     async def install(self, kernel: str) -> None:
         cfg = self.cfg
-        installed = await asyncio.to_thread(self.backend.installed_version, kernel)
-        if installed is not None and version_matches(installed, cfg.version):
-            self._info("driver %s is already installed for kernel %s", installed, kernel)
+        if await asyncio.to_thread(self._installed, kernel):
+            self._info("driver %s is already installed for kernel %s", cfg.version, kernel)
             return
         started = time.monotonic()
         try:
             if await asyncio.to_thread(self.backend.precompiled_available, cfg.version, kernel):
                 self._info("installing precompiled driver %s for kernel %s", cfg.version, kernel)
                 await asyncio.to_thread(self.backend.install_precompiled, cfg.version, kernel)
+            elif cfg.force_precompiled:
+                raise DriverError(preflight.kernel(False, cfg.version, kernel)[0].message())
             else:
                 self._info("no precompiled driver %s for kernel %s: building it from sources "
                            "(this takes several minutes; the startup probe waits for it)",
@@ -669,6 +729,12 @@ class DriverAgent:
         if not version_matches(current, self.cfg.version):
             self._info("restore: the loaded driver (%s) is not the one this container runs; "
                        "leaving it", current or "inbox")
+            return
+        refused = preflight.management(self.host, await self.reporter.start(),
+                                       self.cfg.allow_management_reload)
+        if refused:
+            log.error("restore skipped, the driver stays loaded: %s", refused[0].message(),
+                      extra=self._log_extra)
             return
         self._info("restoring the inbox driver (RESTORE_DRIVER_ON_POD_TERMINATION)")
         try:

@@ -149,12 +149,10 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
     objects: list[Obj] = [service_account(ctx, NAME), *cluster_rbac(ctx, NAME, [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        # nicop's driver agent records why it holds a reload (nicop.node.preflight).
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     ])]
     nicop = uses_nicop(spec)
-    if nicop and spec.get("forcePrecompiled"):
-        raise RenderError(f"{path}.forcePrecompiled", "applies to upstream's driver images only: "
-                          "nicop's driver agent installs `version` from its own packages; unset "
-                          "it or use upstream's driver image")
     init_image = None if nicop else ctx.ofed_init_image
     if init_image:
         objects.append(config_map(ctx, INIT_CONFIG_MAP, {"config.json": init_config(spec)}))
@@ -282,7 +280,8 @@ def driver_container(ctx: Context, spec: Obj, path: str, mounts: list[Obj],
         safe_load = bool(upgrade.get("autoUpgrade") and upgrade.get("safeLoad"))
         return agent_container(
             ctx, DRIVER_CONTAINER, spec,
-            ["driver", "run", *(["--safe-load"] if safe_load else [])],
+            ["driver", "run", *(["--safe-load"] if safe_load else []),
+             *(["--force-precompiled"] if spec.get("forcePrecompiled") else [])],
             mounts=mounts, env=driver_env(spec, True), ready_probe=False,
             metrics_port=METRICS_PORTS["driver"],
             startupProbe=probe(spec, "startupProbe", ["nicop", "driver", "probe", "startup"]),
