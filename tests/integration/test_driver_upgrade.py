@@ -203,7 +203,7 @@ def test_a_set_based_drain_selector_evicts_exactly_the_pods_it_names(
     """upgradePolicy.drain.podSelector in Kubernetes' set-based syntax (`app in (train,infer)`,
     as apimachinery's labels.Parse reads it; its selector_test.go tables are in
     tests/unit/test_selectors_upstream.py). Written unclosed first, it holds the rollout with
-    an InvalidUpgradePolicy Event naming the field; once fixed, the rollout runs without an
+    an InvalidUpgradePolicy Event and the policy's state-OFED in error, both naming the field; once fixed, the rollout runs without an
     operator restart, and its drains evict the train and infer pods and no other."""
     for name, replicas in (("train", 10), ("infer", 5), ("web", 10)):
         deployment(bclient, name, replicas, f"registry.local/{name}:1")
@@ -217,6 +217,8 @@ def test_a_set_based_drain_selector_evicts_exactly_the_pods_it_names(
                                    if e.reason == "InvalidUpgradePolicy"), None), 60,
                      "the InvalidUpgradePolicy Event")
     assert "upgradePolicy.drain.podSelector" in event.message, event.message
+    ofed = wait_for(lambda: ofed_error(bclient), 60, "state-OFED in error")
+    assert "spec.ofedDriver.upgradePolicy.drain.podSelector: " in ofed, ofed
     assert set(states(bclient).values()) == {"upgrade-done"}, "no node moves while it is held"
     bumped["spec"]["ofedDriver"]["upgradePolicy"]["drain"]["podSelector"] = "app in (train,infer)"
     bclient.apply(NicClusterPolicy(**bumped), field_manager="test", force=True)
@@ -224,6 +226,13 @@ def test_a_set_based_drain_selector_evicts_exactly_the_pods_it_names(
     after = {p.metadata.uid for p in bclient.list(Pod, namespace=WORK)}
     assert {app for uid, app in before.items() if uid in after} == {"web"}
     assert {app for uid, app in before.items() if uid not in after} == {"train", "infer"}
+
+
+def ofed_error(client: Client) -> str | None:
+    """The message of the policy's state-OFED while it is in error."""
+    status = client.get(NicClusterPolicy, "nic-cluster-policy").status or {}
+    return next((a.get("message") for a in status.get("appliedStates") or []
+                 if a.get("name") == "state-OFED" and a.get("state") == "error"), None)
 
 
 def test_turning_auto_upgrade_off_stops_and_cleans_up(

@@ -21,7 +21,7 @@ from nicop.operator.states import (
     rdma_dp,
     sriov_dp,
 )
-from nicop.operator.states.base import Context, name_hash
+from nicop.operator.states.base import Context, RenderError, name_hash
 
 Obj = dict[str, Any]
 NFD = "feature.node.kubernetes.io"
@@ -210,6 +210,16 @@ def test_force_precompiled_uses_the_precompiled_tag_and_says_so() -> None:
                                     "forcePrecompiled": True}), "DaemonSet")
     agent = pod(nicops["mofed-rhel9.2-687cd9dc94-ds"])["containers"][0]
     assert "--force-precompiled" in agent["command"]  # it holds rather than compiles
+
+
+@pytest.mark.parametrize("section", ["drain", "waitForCompletion"])
+def test_a_pod_selector_kubernetes_would_refuse_is_the_policys_error(section: str) -> None:
+    """`app in (train,infer` selects nothing in a parser that lets it through; nicop names the
+    field, as the API server would refuse it in a LabelSelector."""
+    upgrade = {"autoUpgrade": True, section: {"podSelector": "app in (train,infer"}}
+    with pytest.raises(RenderError) as e:
+        render_driver({**DRIVER, "upgradePolicy": upgrade})
+    assert e.value.field == f"spec.ofedDriver.upgradePolicy.{section}.podSelector"
 
 
 def test_opted_in_nodes_keep_nicops_rule_in_the_driver_daemonsets() -> None:

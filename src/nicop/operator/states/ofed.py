@@ -29,6 +29,7 @@ from nicop.api.labels import (
     POOL_LABELS,
     SAFE_LOAD_ANNOTATION,
 )
+from nicop.kube import selectors
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
     GPU_TOLERATION,
@@ -144,7 +145,19 @@ def init_config(spec: Obj) -> str:
     })
 
 
+def check_upgrade_selectors(spec: Obj, path: str) -> None:
+    """A drain or wait podSelector Kubernetes would refuse is the policy's error, never a
+    selector that matches nothing (the upgrade controller holds the pool meanwhile)."""
+    upgrade = spec.get("upgradePolicy") or {}
+    for section in ("drain", "waitForCompletion"):
+        try:
+            selectors.parse((upgrade.get(section) or {}).get("podSelector") or "")
+        except selectors.SelectorError as e:
+            raise RenderError(f"{path}.upgradePolicy.{section}.podSelector", str(e)) from None
+
+
 def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
+    check_upgrade_selectors(spec, path)
     grouped, _ = pools(ctx.managed_nodes)
     objects: list[Obj] = [service_account(ctx, NAME), *cluster_rbac(ctx, NAME, [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
