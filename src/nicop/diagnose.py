@@ -492,14 +492,19 @@ def _driver_checks(snap: Snapshot, node: Obj, policy: Obj) -> list[Check]:
             checks.append(Check(subject, "driver", "pass",
                                 f"driver {driver['version']} ready (pod {driver['pod']})"))
     if st.labels_of(node).get(upgrade.STATE_LABEL) == upgrade.FAILED:
-        reason = ((node.get("metadata") or {}).get("annotations") or {}).get(
-            upgrade.FAILURE_ANNOTATION)
+        annotations = (node.get("metadata") or {}).get("annotations") or {}
+        reason = annotations.get(upgrade.FAILURE_ANNOTATION)
+        retry_at = annotations.get(upgrade.RETRY_AT_ANNOTATION)
+        then = (f"the operator retries it at {retry_at}" if retry_at else
+                "no automatic retry is left")
         pod = driver["pod"] if driver else "<driver pod>"
         checks.append(Check(
             subject, "driver upgrade", "fail",
-            f"the driver upgrade failed on node {name}" + (f": {reason}" if reason else ""),
-            f"kubectl -n {ns} logs {pod} -c {DRIVER_CONTAINER}; the node moves on once the "
-            "driver container is Ready"))
+            f"the driver upgrade failed on node {name}" + (f": {reason}" if reason else "")
+            + f" ({upgrade.attempts(node)} failed attempt(s); {then})",
+            f"kubectl -n {ns} logs {pod} -c {DRIVER_CONTAINER}; once the cause is fixed, "
+            f"`nicop upgrade retry {name}` retries it at once (the node also moves on by itself "
+            "once the driver container is Ready)"))
     return checks
 
 

@@ -801,7 +801,9 @@ def _render_upgrade(status: Obj) -> list[RenderableType]:
     if progress.get("inProgressNodes"):
         out.append(Text("in progress: " + ", ".join(progress["inProgressNodes"])))
     for failed in progress.get("failedNodes") or []:
+        then = (f"retried at {failed['nextRetry']}" if failed.get("nextRetry") else
+                f"no automatic retry left: nicop upgrade retry {failed['name']}")
         out.append(Text(f"failed: {failed['name']}"
-                        + (f": {failed['reason']}" if failed.get("reason") else ""),
-                        style="red"))
+                        + (f": {failed['reason']}" if failed.get("reason") else "")
+                        + f" ({failed['attempts']} attempt(s); {then})", style="red"))
     return out

@@ -49,11 +49,11 @@ def driver_cluster(path: Path, controlplane_bin: Path, nodes: int,
 
 
 @contextlib.contextmanager
-def upgrade_operator(cluster: LocalCluster, client: Client,
-                     log: Path) -> Iterator[OperatorProcess]:
-    """The operator; afterwards no policy, workload, driver pod, cordon or upgrade label is
-    left for the next test."""
-    proc = OperatorProcess(cluster.kubeconfig, NAMESPACE, log)
+def upgrade_operator(cluster: LocalCluster, client: Client, log: Path,
+                     env: dict[str, str] | None = None) -> Iterator[OperatorProcess]:
+    """The operator (`env`: its settings); afterwards no policy, workload, driver pod, cordon or
+    upgrade label is left for the next test."""
+    proc = OperatorProcess(cluster.kubeconfig, NAMESPACE, log, env=env)
     proc.wait_ready()
     yield proc
     proc.stop()

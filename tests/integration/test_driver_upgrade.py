@@ -10,6 +10,8 @@ import copy
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ from typing import Any
 import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.resources.policy_v1 import PodDisruptionBudget
 from tests.integration.driver_upgrades import (
     WORK,
     NicClusterPolicy,
@@ -173,6 +176,60 @@ def test_a_pdb_that_forbids_eviction_fails_only_its_node(
     assert "work/stuck-" in failure["reason"] and "PodDisruptionBudget" in failure["reason"]
 
 
+def test_a_failed_node_is_retried_with_back_off_then_waits_for_nicop_upgrade_retry(
+    big: tuple[LocalCluster, Client], bclient: Client, tmp_path: Path
+) -> None:
+    """node-7's drain cannot finish (a PodDisruptionBudget lets its pod go nowhere): its upgrade
+    fails, is retried by itself twice (NICOP_UPGRADE_RETRIES=2, back-off 1 s then 2 s), then
+    waits, its attempts shown in the policy's status, `nicop status` and `nicop diagnose`. With
+    the budget lifted, `nicop upgrade retry node-7` finishes it without kubectl surgery."""
+    env = {"NICOP_UPGRADE_RETRIES": "2", "NICOP_UPGRADE_RETRY_BACKOFF": "1"}
+    with upgrade_operator(*big, tmp_path / "operator.log", env=env) as proc:
+        policy = copy.deepcopy(POLICY)
+        policy["spec"]["ofedDriver"]["upgradePolicy"]["drain"]["timeoutSeconds"] = 3
+        workloads(bclient, pdb_blocks_one_node=True)
+        start(bclient, policy)
+        bump(bclient, policy)
+
+        def out_of_retries() -> dict[str, Any] | None:
+            node = bclient.get(Node, "node-7")
+            annotations = node.metadata.annotations or {}
+            held = (states(bclient)["node-7"] == "upgrade-failed"
+                    and annotations.get("nicop.io/ofed-driver-upgrade-attempts") == "3"
+                    and "nicop.io/ofed-driver-upgrade-retry-at" not in annotations)
+            status = bclient.get(NicClusterPolicy, "nic-cluster-policy").get("status") or {}
+            failed = (status.get("driverUpgrade") or {}).get("failedNodes") or []
+            return failed[0] if held and failed and failed[0].get("attempts") == 3 else None
+
+        failure = wait_for(out_of_retries, 300, "node-7 failed three times, no retry left")
+        assert failure["name"] == "node-7" and "nextRetry" not in failure
+        assert "work/stuck-" in failure["reason"], failure
+        retries = [e for e in bclient.list(Event, namespace="default",
+                                           fields={"involvedObject.name": "node-7"})
+                   if e.reason == "DriverUpgradeRetry"]
+        assert len(retries) == 2, [e.message for e in retries]
+        shown = nicop(big[0], "status")
+        assert "3 attempt(s); no automatic retry left: nicop upgrade retry node-7" in shown, shown
+        report = nicop(big[0], "diagnose", "node", "node-7", code=1)
+        assert "3 failed attempt(s); no automatic retry is left" in report, report
+        bclient.delete(PodDisruptionBudget, "stuck", namespace=WORK)
+        said = nicop(big[0], "upgrade", "retry", "node-7")
+        assert "re-armed; the operator retries it from drain-required now" in said, said
+        wait_for(lambda: rolled_out(bclient), 300, "node-7 upgraded after the retry")
+        annotations = bclient.get(Node, "node-7").metadata.annotations or {}
+        assert not [k for k in annotations if k.startswith("nicop.io/ofed-driver-upgrade-")]
+        assert proc.proc.poll() is None
+
+
+def nicop(cluster: LocalCluster, *args: str, code: int = 0) -> str:
+    """A nicop command against the cluster; its output, one line."""
+    done = subprocess.run([sys.executable, "-m", "nicop", *args, "--kubeconfig",
+                           str(cluster.kubeconfig)], capture_output=True, text=True,
+                          timeout=60, check=False, env={**os.environ, "COLUMNS": "400"})
+    assert done.returncode == code, done.stdout + done.stderr
+    return " ".join(done.stdout.split())
+
+
 def test_operator_restart_mid_rollout_resumes_without_repeating(
     bclient: Client, op: OperatorProcess
 ) -> None:
@@ -203,8 +260,8 @@ def test_a_set_based_drain_selector_evicts_exactly_the_pods_it_names(
     """upgradePolicy.drain.podSelector in Kubernetes' set-based syntax (`app in (train,infer)`,
     as apimachinery's labels.Parse reads it; its selector_test.go tables are in
     tests/unit/test_selectors_upstream.py). Written unclosed first, it holds the rollout with
-    an InvalidUpgradePolicy Event and the policy's state-OFED in error, both naming the field; once fixed, the rollout runs without an
-    operator restart, and its drains evict the train and infer pods and no other."""
+    an InvalidUpgradePolicy Event and the policy's state-OFED in error, both naming the field;
+    once fixed, the rollout runs without an operator restart, and its drains evict the train and infer pods and no other."""
     for name, replicas in (("train", 10), ("infer", 5), ("web", 10)):
         deployment(bclient, name, replicas, f"registry.local/{name}:1")
     wait_running(bclient, 25)

@@ -326,7 +326,8 @@ def test_operator_leader_policy_components_pools_and_upgrade_progress() -> None:
     assert by_name(pool["nodes"])["node-2"]["allocated"] is None  # publishes no usage
     assert summary["driverUpgrade"] == {
         "done": 2, "inProgress": 0, "waiting": 0, "failed": 1,
-        "failedNodes": [{"name": "node-2", "reason": "driver container restarted 11 times"}]}
+        "failedNodes": [{"name": "node-2", "reason": "driver container restarted 11 times",
+                         "attempts": 0}]}
 
 
 def test_an_expired_lease_is_no_leader() -> None:

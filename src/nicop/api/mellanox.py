@@ -424,6 +424,10 @@ class UpgradeFailure(ApiModel):
 
     name: str
     reason: str | None = None
+    attempts: int = 0
+    """Failed attempts since its last success; nicop retries a few times by itself."""
+    next_retry: str | None = None
+    """When nicop retries it; absent with no retry left: `nicop upgrade retry <node>`."""
 
 
 class DriverUpgradeStatus(ApiModel):

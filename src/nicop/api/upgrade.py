@@ -20,6 +20,12 @@ LEGACY_STATE_ANNOTATION = "nvidia.com/ofed-upgrade-state"
 # nicop's: when a drain started, and why a node failed.
 DRAIN_START_ANNOTATION = "nicop.io/ofed-driver-upgrade-drain-start-time"
 FAILURE_ANNOTATION = "nicop.io/ofed-driver-upgrade-failure"
+# nicop's automatic retries of a failed node: failed attempts so far, when the next retry is
+# due (absent: none left, a person re-arms it with `nicop upgrade retry`), the state it failed in.
+ATTEMPTS_ANNOTATION = "nicop.io/ofed-driver-upgrade-attempts"
+RETRY_AT_ANNOTATION = "nicop.io/ofed-driver-upgrade-retry-at"
+FAILED_IN_ANNOTATION = "nicop.io/ofed-driver-upgrade-failed-in"
+RETRY_ANNOTATIONS = (ATTEMPTS_ANNOTATION, RETRY_AT_ANNOTATION, FAILED_IN_ANNOTATION)
 # Written by the driver agent: why it does not reload the driver now (nicop.node.preflight), a
 # line per cause: "<cause>; fix: <fix>".
 PREFLIGHT_ANNOTATION = "nicop.io/ofed-driver-preflight"
@@ -45,6 +51,15 @@ HOLDS_SLOT = (*IN_PROGRESS, POD_DELETION, VALIDATION, FAILED)
 MANAGED = ("", REQUIRED, DONE, *HOLDS_SLOT)
 
 
+def attempts(node: Obj) -> int:
+    """The node's failed upgrade attempts since its last success (or `nicop upgrade retry`)."""
+    value = ((node.get("metadata") or {}).get("annotations") or {}).get(ATTEMPTS_ANNOTATION)
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
+
+
 def held_reload(node: Obj) -> list[Obj]:
     """What the node's driver agent says holds its driver reload: each cause with its fix."""
     text = ((node.get("metadata") or {}).get("annotations") or {}).get(PREFLIGHT_ANNOTATION)
@@ -68,8 +83,12 @@ def progress(nodes: list[Obj]) -> Obj | None:
             counts["done"] += 1
         elif state == FAILED:
             counts["failed"] += 1
-            reason = (node["metadata"].get("annotations") or {}).get(FAILURE_ANNOTATION)
-            failed.append({"name": name, **({"reason": reason} if reason else {})})
+            annotations = node["metadata"].get("annotations") or {}
+            reason = annotations.get(FAILURE_ANNOTATION)
+            failed.append({"name": name, **({"reason": reason} if reason else {}),
+                           "attempts": attempts(node),
+                           **({"nextRetry": annotations[RETRY_AT_ANNOTATION]}
+                              if RETRY_AT_ANNOTATION in annotations else {})})
         elif state in IN_PROGRESS:
             counts["inProgress"] += 1
             in_progress.append(name)

@@ -2,7 +2,7 @@
 
 kubectl runs any `kubectl-<name>` executable on PATH as `kubectl <name>`, passing the rest of the
 command line unchanged; the package installs `kubectl-nicop`. Its commands are nicop's own
-`status`, `diagnose` and `bundle`, with kubectl's flags: --kubeconfig (or $KUBECONFIG),
+`status`, `diagnose`, `bundle` and `upgrade retry`, with kubectl's flags: --kubeconfig (or $KUBECONFIG),
 --context, -n for the operator's namespace, -o json|yaml|wide, and exit 1 when something failed.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from nicop.cli import bundle, inspect
+from nicop.cli import bundle, inspect, upgrade
 
 EXAMPLES = """\
 Examples:
@@ -28,6 +28,8 @@ Examples:
   kubectl nicop diagnose pod default/trainer-0 -o yaml
   # A support archive, operator installed in another namespace
   kubectl nicop bundle -n network-operator -o support.tar.gz
+  # A node whose driver upgrade failed, its cause fixed: retry it now
+  kubectl nicop upgrade retry worker-3
 """
 
 plugin = typer.Typer(
@@ -41,6 +43,7 @@ plugin = typer.Typer(
 plugin.command("status", epilog=EXAMPLES)(inspect.status)
 plugin.command("diagnose", epilog=EXAMPLES)(inspect.diagnose)
 plugin.command("bundle", epilog=EXAMPLES)(bundle.bundle)
+plugin.add_typer(upgrade.upgrade_app, name="upgrade")
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ from nicop.kube.client import ApiClient
 from nicop.kube.events import EventRecorder
 from nicop.kube.leader import LeaderElector
 from nicop.kube.manager import Manager
+from nicop.operator import upgrade
 from nicop.operator.caches import TRANSFORMS
 from nicop.operator.cni_daemon import CniDaemonController
 from nicop.operator.ipam import IpamController
@@ -57,7 +58,12 @@ async def run(
     PolicyController(manager, namespace, recorder, **cni_dirs)
     NodePolicyController(manager, namespace, recorder, **cni_dirs)
     NetworkController(manager)
-    UpgradeController(manager, namespace, recorder)
+    UpgradeController(manager, namespace, recorder,
+                      retries=int(os.environ.get("NICOP_UPGRADE_RETRIES", upgrade.RETRIES)),
+                      retry_backoff=float(os.environ.get("NICOP_UPGRADE_RETRY_BACKOFF",
+                                                         upgrade.RETRY_BACKOFF)),
+                      ready_timeout=float(os.environ.get("NICOP_UPGRADE_READY_TIMEOUT",
+                                                         upgrade.READY_TIMEOUT)))
     IpamController(manager, namespace)
     SriovPolicyController(manager, namespace, recorder)
     SriovDrainController(manager, namespace, recorder)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from datetime import timedelta
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,12 +35,14 @@ from nicop.api.labels import (
 )
 from nicop.api.nodes import labels_of
 from nicop.api.upgrade import (
+    ATTEMPTS_ANNOTATION,
     CORDON,
     DONE,
     DRAIN,
     DRAIN_SKIP_LABEL,
     DRAIN_START_ANNOTATION,
     FAILED,
+    FAILED_IN_ANNOTATION,
     FAILURE_ANNOTATION,
     HOLDS_SLOT,
     IN_PROGRESS,
@@ -49,11 +52,15 @@ from nicop.api.upgrade import (
     POD_RESTART,
     REQUESTED_ANNOTATION,
     REQUIRED,
+    RETRY_ANNOTATIONS,
+    RETRY_AT_ANNOTATION,
     SKIP_LABEL,
     STATE_LABEL,
     UNCORDON,
     WAIT_FOR_JOBS,
     WAIT_START_ANNOTATION,
+    attempts,
+    held_reload,
 )
 from nicop.kube import selectors
 from nicop.kube.client import ApiClient, ApiError
@@ -73,6 +80,13 @@ TRANSITIONS = Counter("nicop_upgrade_transitions_total",
                       "Driver upgrade state changes of nodes, by new state", ["state"])
 
 MAX_DRIVER_RESTARTS = 10
+# A failed node is retried this many times, after RETRY_BACKOFF seconds doubled each time, then
+# waits for `nicop upgrade retry` (operator env NICOP_UPGRADE_RETRIES, NICOP_UPGRADE_RETRY_BACKOFF).
+RETRIES = 3
+RETRY_BACKOFF = 60.0
+# A restarted driver pod not Ready after this long fails its node (NICOP_UPGRADE_READY_TIMEOUT):
+# past the 20 minutes upstream's startup probe allows for a build.
+READY_TIMEOUT = 1800.0
 ACTIVE_RECHECK = 1.0
 STEP_CONCURRENCY = 32
 
@@ -209,9 +223,14 @@ def nodes_to_start(views: list[NodeView], max_parallel: int,
 class UpgradeController:
     KEY = "ofed-driver-upgrade"
 
-    def __init__(self, manager: Manager, namespace: str, recorder: EventRecorder) -> None:
+    def __init__(self, manager: Manager, namespace: str, recorder: EventRecorder,
+                 retries: int = RETRIES, retry_backoff: float = RETRY_BACKOFF,
+                 ready_timeout: float = READY_TIMEOUT) -> None:
         self.client: ApiClient = manager.client
         self.recorder = recorder
+        self.retries = retries
+        self.retry_backoff = retry_backoff
+        self.ready_timeout = ready_timeout
         self.policies = manager.informer(NCP)
         self.node_policies = manager.informer(NNP)
         self._pools: dict[str, str] = {}  # node -> the pool its driver pod was last seen in
@@ -420,6 +439,9 @@ class UpgradeController:
         if state == FAILED:
             if view.in_sync and view.pod and _pod_ready(view.pod):
                 return await self._set(view, UNCORDON, annotations={FAILURE_ANNOTATION: None})
+            retry_at = view.annotations.get(RETRY_AT_ANNOTATION)
+            if retry_at and _elapsed(retry_at) >= 0:
+                return await self._retry(view)
             return False
         if state == UNCORDON:
             if view.annotations.get(INITIAL_UNSCHEDULABLE_ANNOTATION) != "true":
@@ -510,21 +532,59 @@ class UpgradeController:
         restarts = max((c.get("restartCount", 0)
                         for c in (pod.get("status") or {}).get("containerStatuses") or []),
                        default=0)
+        name = pod["metadata"]["name"]
         if restarts > MAX_DRIVER_RESTARTS:
-            return await self._fail(view, f"driver pod {pod['metadata']['name']} restarted "
-                                    f"{restarts} times without becoming ready")
+            return await self._fail(view, f"driver pod {name} restarted {restarts} times "
+                                    "without becoming ready")
+        if _elapsed(pod["metadata"].get("creationTimestamp")) >= self.ready_timeout:
+            held = "; ".join(h["cause"] for h in held_reload(view.node))
+            return await self._fail(view, f"driver pod {name} not ready after "
+                                    f"{self.ready_timeout:.0f}s"
+                                    + (f"; its agent holds the reload: {held}" if held else ""))
         return False
 
     async def _fail(self, view: NodeView, reason: str) -> bool:
-        await self.recorder.emit(view.node, "Warning", "DriverUpgradeFailed", reason)
-        log.warning("upgrade failed: %s", reason, extra=logs.about("Node", view.name))
-        return await self._set(view, FAILED, annotations={FAILURE_ANNOTATION: reason,
-                                                          DRAIN_START_ANNOTATION: None})
+        """upgrade-failed, with the attempt counted and the next retry due after a back-off
+        that doubles; with no retry left the node waits for `nicop upgrade retry`."""
+        failed = attempts(view.node) + 1
+        retry_at = None
+        if failed <= self.retries:
+            delay = self.retry_backoff * 2 ** (failed - 1)
+            retry_at = stamp(utcnow() + timedelta(seconds=delay))
+            then = f"attempt {failed} of {self.retries + 1}; retried in {delay:.0f}s"
+        else:
+            then = (f"attempt {failed} of {self.retries + 1}, no automatic retry left; after "
+                    f"fixing the cause: nicop upgrade retry {view.name}")
+        await self.recorder.emit(view.node, "Warning", "DriverUpgradeFailed",
+                                 f"{reason} ({then})")
+        log.warning("upgrade failed: %s (%s)", reason, then, extra=logs.about("Node", view.name))
+        return await self._set(view, FAILED, annotations={
+            FAILURE_ANNOTATION: reason, DRAIN_START_ANNOTATION: None,
+            ATTEMPTS_ANNOTATION: str(failed), RETRY_AT_ANNOTATION: retry_at,
+            FAILED_IN_ANNOTATION: view.state})
+
+    async def _retry(self, view: NodeView) -> bool:
+        """Back to the state the node failed in; a driver pod that did not get ready starts
+        anew (its restarts counted from zero)."""
+        state = view.annotations.get(FAILED_IN_ANNOTATION) or POD_RESTART
+        pod = view.pod
+        if state == POD_RESTART and pod is not None and not pod["metadata"].get(
+                "deletionTimestamp"):
+            await self.client.delete(POD, pod["metadata"]["name"], pod["metadata"]["namespace"])
+        message = f"retrying the driver upgrade from {state} (attempt {attempts(view.node) + 1})"
+        await self.recorder.emit(view.node, "Normal", "DriverUpgradeRetry", message)
+        log.info("%s", message, extra=logs.about("Node", view.name))
+        return await self._set(view, state, annotations={RETRY_AT_ANNOTATION: None,
+                                                         FAILURE_ANNOTATION: None})
 
     async def _set(self, view: NodeView, state: str,
                    annotations: Mapping[str, str | None] | None = None) -> bool:
         log.info("%s -> %s", view.state or "unknown", state, extra=logs.about("Node", view.name))
-        await self._patch(view, labels={STATE_LABEL: state}, annotations=annotations or {})
+        annotations = dict(annotations or {})
+        if state == DONE:  # a success: attempts count anew
+            annotations.update({k: None for k in (*RETRY_ANNOTATIONS, FAILURE_ANNOTATION)
+                                if k in view.annotations})
+        await self._patch(view, labels={STATE_LABEL: state}, annotations=annotations)
         TRANSITIONS.labels(state).inc()
         return True
 
@@ -573,7 +633,7 @@ class UpgradeController:
             spec = {"unschedulable": False}
         await self._patch(view, labels={STATE_LABEL: None}, spec=spec, annotations={
             k: None for k in (INITIAL_UNSCHEDULABLE_ANNOTATION, WAIT_START_ANNOTATION,
-                              DRAIN_START_ANNOTATION, FAILURE_ANNOTATION)
+                              DRAIN_START_ANNOTATION, FAILURE_ANNOTATION, *RETRY_ANNOTATIONS)
             if k in annotations})
 
 
@@ -581,7 +641,7 @@ class UpgradeController:
 UPGRADE_LABELS = (STATE_LABEL, SKIP_LABEL, DRAIN_SKIP_LABEL)
 UPGRADE_ANNOTATIONS = (SAFE_LOAD_ANNOTATION, REQUESTED_ANNOTATION, LEGACY_STATE_ANNOTATION,
                        INITIAL_UNSCHEDULABLE_ANNOTATION, WAIT_START_ANNOTATION,
-                       DRAIN_START_ANNOTATION, FAILURE_ANNOTATION)
+                       DRAIN_START_ANNOTATION, FAILURE_ANNOTATION, *RETRY_ANNOTATIONS)
 
 
 def _upgrade_marks(node: Obj) -> tuple[str | None, ...]:
