@@ -18,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from datetime import timedelta
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from prometheus_client import Counter
