@@ -261,7 +261,8 @@ def test_a_set_based_drain_selector_evicts_exactly_the_pods_it_names(
     as apimachinery's labels.Parse reads it; its selector_test.go tables are in
     tests/unit/test_selectors_upstream.py). Written unclosed first, it holds the rollout with
     an InvalidUpgradePolicy Event and the policy's state-OFED in error, both naming the field;
-    once fixed, the rollout runs without an operator restart, and its drains evict the train and infer pods and no other."""
+    once fixed, the rollout runs without an operator restart, and its drains evict the train
+    and infer pods and no other."""
     for name, replicas in (("train", 10), ("infer", 5), ("web", 10)):
         deployment(bclient, name, replicas, f"registry.local/{name}:1")
     wait_running(bclient, 25)

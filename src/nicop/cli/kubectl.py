@@ -2,8 +2,9 @@
 
 kubectl runs any `kubectl-<name>` executable on PATH as `kubectl <name>`, passing the rest of the
 command line unchanged; the package installs `kubectl-nicop`. Its commands are nicop's own
-`status`, `diagnose`, `bundle` and `upgrade retry`, with kubectl's flags: --kubeconfig (or $KUBECONFIG),
---context, -n for the operator's namespace, -o json|yaml|wide, and exit 1 when something failed.
+`status`, `diagnose`, `bundle` and `upgrade retry`, with kubectl's flags: --kubeconfig (or
+$KUBECONFIG), --context, -n for the operator's namespace, -o json|yaml|wide, and exit 1 when
+something failed.
 """
 
 from __future__ import annotations
