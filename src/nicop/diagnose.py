@@ -491,8 +491,16 @@ def _driver_checks(snap: Snapshot, node: Obj, policy: Obj) -> list[Check]:
         else:
             checks.append(Check(subject, "driver", "pass",
                                 f"driver {driver['version']} ready (pod {driver['pod']})"))
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    blocked = annotations.get(upgrade.DRAIN_BLOCKED_ANNOTATION)
+    if st.labels_of(node).get(upgrade.STATE_LABEL) == upgrade.DRAIN and blocked:
+        checks.append(Check(
+            subject, "driver upgrade", "warn",
+            f"the driver upgrade's drain of node {name}, started at "
+            f"{annotations.get(upgrade.DRAIN_START_ANNOTATION)}, cannot evict: {blocked}",
+            "let the pods go (relax the PodDisruptionBudget named, or scale its workload); the "
+            "drain goes on by itself, and past its timeout the node fails and is retried"))
     if st.labels_of(node).get(upgrade.STATE_LABEL) == upgrade.FAILED:
-        annotations = (node.get("metadata") or {}).get("annotations") or {}
         reason = annotations.get(upgrade.FAILURE_ANNOTATION)
         retry_at = annotations.get(upgrade.RETRY_AT_ANNOTATION)
         then = (f"the operator retries it at {retry_at}" if retry_at else

@@ -570,6 +570,7 @@ def summarize_policy(policy: Obj) -> Obj:
 def _node(snap: Snapshot, node: Obj, expected: list[str]) -> Obj:
     name = name_of(node)
     labels = labels_of(node)
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
     managed = node_rules.is_managed(node)
     return {
         "name": name,
@@ -579,6 +580,8 @@ def _node(snap: Snapshot, node: Obj, expected: list[str]) -> Obj:
         "unmanagedReason": unmanaged_nic(snap, node),
         "driver": driver_of(snap, node),
         "upgradeState": labels.get(upgrade.STATE_LABEL),
+        "drainBlocked": annotations.get(upgrade.DRAIN_BLOCKED_ANNOTATION),
+        "drainStarted": annotations.get(upgrade.DRAIN_START_ANNOTATION),
         "mofedWait": labels.get(MOFED_WAIT_LABEL),
         "resources": node_resources(snap, node, expected if managed else ()),
         "sriov": sriov_of(node_state_of(snap, name)),
@@ -800,6 +803,10 @@ def _render_upgrade(status: Obj) -> list[RenderableType]:
     out: list[RenderableType] = [Text(""), Text("Driver upgrade", style="bold underline"), line]
     if progress.get("inProgressNodes"):
         out.append(Text("in progress: " + ", ".join(progress["inProgressNodes"])))
+    for node in status["nodes"]:
+        if node["drainBlocked"]:
+            out.append(Text(f"draining {node['name']} since {node['drainStarted']}, cannot "
+                            f"evict: {node['drainBlocked']}", style="yellow"))
     for failed in progress.get("failedNodes") or []:
         then = (f"retried at {failed['nextRetry']}" if failed.get("nextRetry") else
                 f"no automatic retry left: nicop upgrade retry {failed['name']}")

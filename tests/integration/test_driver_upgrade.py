@@ -161,6 +161,11 @@ def test_a_pdb_that_forbids_eviction_fails_only_its_node(
     workloads(bclient, pdb_blocks_one_node=True)
     start(bclient, policy)
     bump(bclient, policy)
+    blocked = wait_for(lambda: (bclient.get(Node, "node-7").metadata.annotations or {}).get(
+        "nicop.io/ofed-driver-upgrade-drain-blocked"), 60, "node-7's drain shown as blocked")
+    # The API server's words name the budget (details.causes of the 429).
+    assert "work/stuck-" in blocked and "The disruption budget stuck needs 1 healthy" in blocked
+    assert "the drain times out at" in blocked
 
     def settled() -> bool:
         s = states(bclient)
@@ -173,7 +178,7 @@ def test_a_pdb_that_forbids_eviction_fails_only_its_node(
                       bclient.get(NicClusterPolicy, "nic-cluster-policy")["status"], 30, "status")
     failure = status["driverUpgrade"]["failedNodes"][0]
     assert failure["name"] == "node-7"
-    assert "work/stuck-" in failure["reason"] and "PodDisruptionBudget" in failure["reason"]
+    assert "work/stuck-" in failure["reason"] and "disruption budget stuck" in failure["reason"]
 
 
 def test_a_failed_node_is_retried_with_back_off_then_waits_for_nicop_upgrade_retry(

@@ -13,7 +13,7 @@ from jsonschema import Draft202012Validator
 from rich.console import Console
 from typer.testing import CliRunner
 
-from nicop import status
+from nicop import diagnose, status
 from nicop.cli import app
 from nicop.kube.resources import quantity
 
@@ -378,6 +378,27 @@ def test_tables_show_the_unlabelled_node_with_its_fix_and_driver_versions() -> N
     assert "nvidia.com/rdma 63/3" in text and "8/8" in text
     assert "rdma-pool" in text and "failed: node-2: driver container restarted 11 times" in text
     assert ".driver-ready" in text  # says what "driver ready" stands for
+
+
+def test_a_drain_that_cannot_finish_shows_the_pod_the_budget_and_the_timeout() -> None:
+    """What the upgrade controller writes on a node whose drain an eviction refusal holds up,
+    in the table and in `diagnose node`."""
+    snap = cluster_snapshot()
+    blocked = ("work/db-0 (The disruption budget db needs 1 healthy pods and has 1 currently); "
+               "the drain times out at 2026-09-01T12:05:00Z")
+    node = snap["nodes"][0]
+    node["metadata"]["labels"][UPGRADE] = "drain-required"
+    node["metadata"]["annotations"].update({
+        "nicop.io/ofed-driver-upgrade-drain-start-time": "2026-09-01T12:00:00Z",
+        "nicop.io/ofed-driver-upgrade-drain-blocked": blocked})
+    console = Console(record=True, width=400)
+    console.print(status.render(status.summarize(snap)))
+    assert f"draining node-1 since 2026-09-01T12:00:00Z, cannot evict: {blocked}" in \
+        console.export_text()
+    checks = diagnose.diagnose(snap, diagnose.Target.parse("node", "node-1"))
+    (check,) = [c for c in checks if c.name == "driver upgrade"]
+    assert check.result == "warn" and blocked in check.message and "PodDisruptionBudget" in \
+        check.fix
 
 
 def test_the_command_explains_an_unreachable_api_server(tmp_path: Path) -> None:

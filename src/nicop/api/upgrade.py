@@ -20,6 +20,8 @@ LEGACY_STATE_ANNOTATION = "nvidia.com/ofed-upgrade-state"
 # nicop's: when a drain started, and why a node failed.
 DRAIN_START_ANNOTATION = "nicop.io/ofed-driver-upgrade-drain-start-time"
 FAILURE_ANNOTATION = "nicop.io/ofed-driver-upgrade-failure"
+# While a drain cannot finish: the pods it cannot evict and why, and when it times out.
+DRAIN_BLOCKED_ANNOTATION = "nicop.io/ofed-driver-upgrade-drain-blocked"
 # nicop's automatic retries of a failed node: failed attempts so far, when the next retry is
 # due (absent: none left, a person re-arms it with `nicop upgrade retry`), the state it failed in.
 ATTEMPTS_ANNOTATION = "nicop.io/ofed-driver-upgrade-attempts"

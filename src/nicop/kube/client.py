@@ -41,11 +41,13 @@ WATCH_BYTES = Counter("nicop_api_watch_bytes_total", "Bytes of watch events rece
 class ApiError(Exception):
     """A non-2xx answer of the API server, with its Status reason and message."""
 
-    def __init__(self, code: int, reason: str, message: str) -> None:
+    def __init__(self, code: int, reason: str, message: str,
+                 causes: tuple[str, ...] = ()) -> None:
         super().__init__(f"{code} {reason}: {message}")
         self.code = code
         self.reason = reason
         self.message = message
+        self.causes = causes  # details.causes[].message: e.g. which PodDisruptionBudget refused
 
 
 class Unreachable(ApiError):
@@ -317,6 +319,9 @@ async def _lines(resp: httpx.Response) -> AsyncIterator[bytes]:
 def _error(code: int, content: bytes) -> ApiError:
     try:
         status = orjson.loads(content)
-        return ApiError(code, status.get("reason", ""), status.get("message", content.decode()))
+        causes = tuple(str(c["message"]) for c in (status.get("details") or {}).get("causes")
+                       or [] if c.get("message"))
+        return ApiError(code, status.get("reason", ""), status.get("message", content.decode()),
+                        causes)
     except (ValueError, AttributeError):
         return ApiError(code, "", content.decode(errors="replace"))

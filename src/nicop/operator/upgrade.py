@@ -39,6 +39,7 @@ from nicop.api.upgrade import (
     CORDON,
     DONE,
     DRAIN,
+    DRAIN_BLOCKED_ANNOTATION,
     DRAIN_SKIP_LABEL,
     DRAIN_START_ANNOTATION,
     FAILED,
@@ -503,16 +504,25 @@ class UpgradeController:
                 await self.client.evict(pod["metadata"]["name"], pod["metadata"]["namespace"])
             except ApiError as e:
                 if e.code == 429:
-                    blocked.append(f"{name} (blocked by a PodDisruptionBudget)")
+                    why = "; ".join(e.causes) or "blocked by a PodDisruptionBudget"
+                    blocked.append(f"{name} ({why})")
                 elif e.code != 404:
                     raise
         if not remaining:
-            return await self._set(view, POD_RESTART, annotations={DRAIN_START_ANNOTATION: None})
+            return await self._set(view, POD_RESTART, annotations={
+                DRAIN_START_ANNOTATION: None, DRAIN_BLOCKED_ANNOTATION: None})
         timeout = int(plan.drain.get("timeoutSeconds", 300) or 0)
         if timeout and _elapsed(started) >= timeout:
             still = blocked or remaining
             return await self._fail(view, f"drain timed out after {timeout}s; still on the node: "
                                     + ", ".join(still))
+        began = parse(started)
+        if blocked and began is not None:
+            text = ", ".join(blocked) + (
+                f"; the drain times out at {stamp(began + timedelta(seconds=timeout))}"
+                if timeout else "; the drain has no timeout")
+            if view.annotations.get(DRAIN_BLOCKED_ANNOTATION) != text:
+                await self._patch(view, annotations={DRAIN_BLOCKED_ANNOTATION: text})
         return not started
 
     async def _restart_driver(self, view: NodeView) -> bool:
@@ -560,6 +570,7 @@ class UpgradeController:
         log.warning("upgrade failed: %s (%s)", reason, then, extra=logs.about("Node", view.name))
         return await self._set(view, FAILED, annotations={
             FAILURE_ANNOTATION: reason, DRAIN_START_ANNOTATION: None,
+            DRAIN_BLOCKED_ANNOTATION: None,
             ATTEMPTS_ANNOTATION: str(failed), RETRY_AT_ANNOTATION: retry_at,
             FAILED_IN_ANNOTATION: view.state})
 
@@ -633,7 +644,8 @@ class UpgradeController:
             spec = {"unschedulable": False}
         await self._patch(view, labels={STATE_LABEL: None}, spec=spec, annotations={
             k: None for k in (INITIAL_UNSCHEDULABLE_ANNOTATION, WAIT_START_ANNOTATION,
-                              DRAIN_START_ANNOTATION, FAILURE_ANNOTATION, *RETRY_ANNOTATIONS)
+                              DRAIN_START_ANNOTATION, DRAIN_BLOCKED_ANNOTATION,
+                              FAILURE_ANNOTATION, *RETRY_ANNOTATIONS)
             if k in annotations})
 
 
@@ -641,7 +653,8 @@ class UpgradeController:
 UPGRADE_LABELS = (STATE_LABEL, SKIP_LABEL, DRAIN_SKIP_LABEL)
 UPGRADE_ANNOTATIONS = (SAFE_LOAD_ANNOTATION, REQUESTED_ANNOTATION, LEGACY_STATE_ANNOTATION,
                        INITIAL_UNSCHEDULABLE_ANNOTATION, WAIT_START_ANNOTATION,
-                       DRAIN_START_ANNOTATION, FAILURE_ANNOTATION, *RETRY_ANNOTATIONS)
+                       DRAIN_START_ANNOTATION, DRAIN_BLOCKED_ANNOTATION, FAILURE_ANNOTATION,
+                       *RETRY_ANNOTATIONS)
 
 
 def _upgrade_marks(node: Obj) -> tuple[str | None, ...]:
