@@ -86,6 +86,10 @@ SRIOV_POOL_CONFIG = Resource(SRIOV_GROUP, SRIOV_VERSION, "SriovNetworkPoolConfig
 SRIOV_NETWORK = Resource(SRIOV_GROUP, SRIOV_VERSION, "SriovNetwork", "sriovnetworks")
 SRIOV_IB_NETWORK = Resource(SRIOV_GROUP, SRIOV_VERSION, "SriovIBNetwork", "sriovibnetworks")
 OVS_NETWORK = Resource(SRIOV_GROUP, SRIOV_VERSION, "OVSNetwork", "ovsnetworks")
+MAINTENANCE_GROUP = "maintenance.nvidia.com"
+NODE_MAINTENANCE = Resource(MAINTENANCE_GROUP, "v1alpha1", "NodeMaintenance", "nodemaintenances")
+MAINTENANCE_CONFIG = Resource(MAINTENANCE_GROUP, "v1alpha1", "MaintenanceOperatorConfig",
+                              "maintenanceoperatorconfigs")
 RESOURCE_SLICE = Resource("resource.k8s.io", "v1", "ResourceSlice", "resourceslices",
                           namespaced=False)
 DEVICE_CLASS = Resource("resource.k8s.io", "v1", "DeviceClass", "deviceclasses",
