@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from nicop.api.common import KubeObject
+from nicop.api.maintenance import MaintenanceOperatorConfig, NodeMaintenance
 from nicop.api.mellanox import (
     HostDeviceNetwork,
     IPoIBNetwork,
@@ -37,6 +38,8 @@ KINDS: tuple[type[KubeObject], ...] = (
     SriovNetworkPoolConfig,
     IPPool,
     CIDRPool,
+    NodeMaintenance,
+    MaintenanceOperatorConfig,
     NetworkAttachmentDefinition,
 )
 """Every kind nicop has a CRD for, in install order."""
