@@ -41,7 +41,11 @@ POD_RESTART = "pod-restart-required"
 FAILED = "upgrade-failed"
 UNCORDON = "uncordon-required"
 DONE = "upgrade-done"
-IN_PROGRESS = (CORDON, WAIT_FOR_JOBS, DRAIN, POD_RESTART, UNCORDON)
+# Requestor mode: waiting for the node's NodeMaintenance to be Ready (the maintenance operator
+# cordons and drains); the node carries REQUESTOR_MODE_ANNOTATION meanwhile.
+NODE_MAINTENANCE = "node-maintenance-required"
+REQUESTOR_MODE_ANNOTATION = "nvidia.com/ofed-driver-upgrade-requestor-mode"
+IN_PROGRESS = (CORDON, WAIT_FOR_JOBS, DRAIN, NODE_MAINTENANCE, POD_RESTART, UNCORDON)
 # Upstream's states nicop does not enter itself; a node an upstream install left in one of them
 # is still counted as upstream counts it.
 POD_DELETION = "pod-deletion-required"

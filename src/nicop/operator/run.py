@@ -17,6 +17,8 @@ from nicop.operator import upgrade
 from nicop.operator.caches import TRANSFORMS
 from nicop.operator.cni_daemon import CniDaemonController
 from nicop.operator.ipam import IpamController
+from nicop.operator.maintenance import MaintenanceController
+from nicop.operator.maintenance_requestor import RequestorOptions
 from nicop.operator.networks import NetworkController
 from nicop.operator.node_policy import NodePolicyController
 from nicop.operator.policy import PolicyController
@@ -63,7 +65,10 @@ async def run(
                       retry_backoff=float(os.environ.get("NICOP_UPGRADE_RETRY_BACKOFF",
                                                          upgrade.RETRY_BACKOFF)),
                       ready_timeout=float(os.environ.get("NICOP_UPGRADE_READY_TIMEOUT",
-                                                         upgrade.READY_TIMEOUT)))
+                                                         upgrade.READY_TIMEOUT)),
+                      requestor=RequestorOptions.from_env(os.environ))
+    if os.environ.get("NICOP_MAINTENANCE_CONTROLLER") == "true":
+        MaintenanceController(manager, namespace, recorder)
     IpamController(manager, namespace)
     SriovPolicyController(manager, namespace, recorder)
     SriovDrainController(manager, namespace, recorder)

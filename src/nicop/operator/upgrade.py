@@ -50,8 +50,10 @@ from nicop.api.upgrade import (
     INITIAL_UNSCHEDULABLE_ANNOTATION,
     LEGACY_STATE_ANNOTATION,
     MANAGED,
+    NODE_MAINTENANCE,
     POD_RESTART,
     REQUESTED_ANNOTATION,
+    REQUESTOR_MODE_ANNOTATION,
     REQUIRED,
     RETRY_ANNOTATIONS,
     RETRY_AT_ANNOTATION,
@@ -72,6 +74,7 @@ from nicop.kube.resources import CONTROLLER_REVISION, NODE, POD, Obj
 from nicop.kube.resources import NIC_CLUSTER_POLICY as NCP
 from nicop.kube.times import parse, stamp, utcnow
 from nicop.operator import metrics
+from nicop.operator.maintenance_requestor import Requestor, RequestorOptions
 from nicop.operator.node_policy import NNP, selects
 from nicop.operator.templates import what_runs
 
@@ -226,7 +229,8 @@ class UpgradeController:
 
     def __init__(self, manager: Manager, namespace: str, recorder: EventRecorder,
                  retries: int = RETRIES, retry_backoff: float = RETRY_BACKOFF,
-                 ready_timeout: float = READY_TIMEOUT) -> None:
+                 ready_timeout: float = READY_TIMEOUT,
+                 requestor: RequestorOptions | None = None) -> None:
         self.client: ApiClient = manager.client
         self.recorder = recorder
         self.retries = retries
@@ -254,6 +258,9 @@ class UpgradeController:
             informer.on_change(lambda ev, obj, old: self.controller.queue.add(self.KEY))
         self.driver_pods.on_change(self._driver_pod_changed)
         self.nodes.on_change(self._node_changed)
+        # Requestor mode: a maintenance operator cordons and drains (NodeMaintenance).
+        self.requestor = None if requestor is None else Requestor(
+            manager, requestor, lambda: self.controller.queue.add(self.KEY))
 
     def _node_changed(self, event: str, node: Obj, old: Obj | None) -> None:
         """The upgrade's labels and annotations and the node's spec matter; the rest (mofed.wait
@@ -427,7 +434,18 @@ class UpgradeController:
                 return await self._set(view, REQUIRED, annotations=initial)
             return await self._set(view, DONE) if state == "" else False
         if state == REQUIRED:
-            return await self._set(view, DONE) if not wants_upgrade else False
+            if not wants_upgrade:
+                return await self._set(view, DONE)
+            if self.requestor is not None:  # the maintenance operator limits how many at once
+                await self.requestor.request(view.name, view.pool, plan.spec)
+                return await self._set(view, NODE_MAINTENANCE,
+                                       annotations={REQUESTOR_MODE_ANNOTATION: "true"})
+            return False
+        if state == NODE_MAINTENANCE:
+            if self.requestor is None or self.requestor.get(view.name) is None:
+                return await self._set(view, REQUIRED)  # asked again from there
+            return await self._set(view, POD_RESTART) if self.requestor.ready(view.name) \
+                else False
         if state == CORDON:
             await self._patch(view, spec={"unschedulable": True})
             return await self._set(view, WAIT_FOR_JOBS)
@@ -445,6 +463,13 @@ class UpgradeController:
                 return await self._retry(view)
             return False
         if state == UNCORDON:
+            if view.annotations.get(REQUESTOR_MODE_ANNOTATION) == "true":
+                # The maintenance operator uncordons once no requestor holds the node.
+                if self.requestor is not None:
+                    await self.requestor.release(view.name, view.pool)
+                return await self._set(view, DONE, annotations={
+                    REQUESTOR_MODE_ANNOTATION: None, INITIAL_UNSCHEDULABLE_ANNOTATION: None,
+                    REQUESTED_ANNOTATION: None})
             if view.annotations.get(INITIAL_UNSCHEDULABLE_ANNOTATION) != "true":
                 await self._patch(view, spec={"unschedulable": False})
             return await self._set(view, DONE, annotations={
@@ -453,7 +478,7 @@ class UpgradeController:
 
     async def _start_new(self, views: list[NodeView], plan: Plan) -> bool:
         """Let waiting nodes begin while maxParallelUpgrades and maxUnavailable allow."""
-        if not any(v.state == REQUIRED for v in views):
+        if self.requestor is not None or not any(v.state == REQUIRED for v in views):
             return False  # nobody waits: no slots to count
         moved = False
         for view in nodes_to_start(views, plan.max_parallel, plan.spec.get("maxUnavailable")):
@@ -639,13 +664,16 @@ class UpgradeController:
         cordoned it."""
         annotations = view.annotations
         spec = None
-        if (view.state in (*IN_PROGRESS, FAILED)
+        if annotations.get(REQUESTOR_MODE_ANNOTATION) == "true":
+            if self.requestor is not None:
+                await self.requestor.release(view.name, view.pool)
+        elif (view.state in (*IN_PROGRESS, FAILED)
                 and annotations.get(INITIAL_UNSCHEDULABLE_ANNOTATION) != "true"):
             spec = {"unschedulable": False}
         await self._patch(view, labels={STATE_LABEL: None}, spec=spec, annotations={
             k: None for k in (INITIAL_UNSCHEDULABLE_ANNOTATION, WAIT_START_ANNOTATION,
                               DRAIN_START_ANNOTATION, DRAIN_BLOCKED_ANNOTATION,
-                              FAILURE_ANNOTATION, *RETRY_ANNOTATIONS)
+                              FAILURE_ANNOTATION, REQUESTOR_MODE_ANNOTATION, *RETRY_ANNOTATIONS)
             if k in annotations})
 
 
@@ -654,7 +682,7 @@ UPGRADE_LABELS = (STATE_LABEL, SKIP_LABEL, DRAIN_SKIP_LABEL)
 UPGRADE_ANNOTATIONS = (SAFE_LOAD_ANNOTATION, REQUESTED_ANNOTATION, LEGACY_STATE_ANNOTATION,
                        INITIAL_UNSCHEDULABLE_ANNOTATION, WAIT_START_ANNOTATION,
                        DRAIN_START_ANNOTATION, DRAIN_BLOCKED_ANNOTATION, FAILURE_ANNOTATION,
-                       *RETRY_ANNOTATIONS)
+                       REQUESTOR_MODE_ANNOTATION, *RETRY_ANNOTATIONS)
 
 
 def _upgrade_marks(node: Obj) -> tuple[str | None, ...]:
