@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from nicop.operator.maintenance import drainable, scaled
-from nicop.operator.maintenance_requestor import RequestorOptions, maintenance_spec
+from nicop.operator.maintenance_requestor import (
+    RequestorOptions,
+    holders,
+    maintenance_spec,
+    sriov_maintenance_spec,
+)
+from nicop.operator.upgrade import maintenance_blocked
 
 
 @pytest.mark.parametrize(("value", "round_up", "count"), [
@@ -63,3 +69,44 @@ def test_requestor_mode_is_read_from_upstreams_variables() -> None:
         "MAINTENANCE_OPERATOR_ENABLED": "true", "MAINTENANCE_OPERATOR_REQUESTOR_ID": "a.b",
         "MAINTENANCE_OPERATOR_NODE_MAINTENANCE_PREFIX": "network-operator"}) == \
         RequestorOptions("a.b", "default", "network-operator")
+
+
+def test_sriov_drains_use_upstreams_drain_controller_variables() -> None:
+    """Names and defaults of network-operator's pkg/drain GetRequestorOptsFromEnvs (namespace
+    `default`); the name prefix follows the driver upgrade's so that both meet on one object."""
+    assert RequestorOptions.sriov_from_env({"MAINTENANCE_OPERATOR_ENABLED": "true"}) is None
+    assert RequestorOptions.sriov_from_env({"DRAIN_CONTROLLER_ENABLED": "true"}) == \
+        RequestorOptions("nvidia.sriov-drain", "default", "nvidia-operator")
+    assert RequestorOptions.sriov_from_env({
+        "DRAIN_CONTROLLER_ENABLED": "true",
+        "DRAIN_CONTROLLER_REQUESTOR_ID": "primary-drain.requestor.com",
+        "DRAIN_CONTROLLER_REQUESTOR_NAMESPACE": "maint",
+        "MAINTENANCE_OPERATOR_NODE_MAINTENANCE_PREFIX": "network-operator"}) == \
+        RequestorOptions("primary-drain.requestor.com", "maint", "network-operator")
+    assert sriov_maintenance_spec() == {"drainSpec": {
+        "force": True, "podSelector": "nvidia.com/ofed-driver-upgrade-drain.skip!=true",
+        "timeoutSeconds": 90, "deleteEmptyDir": True}}
+
+
+def test_an_owner_that_deleted_its_node_maintenance_no_longer_holds_the_node() -> None:
+    """The shared-requestor flow of k8s-operator-libs' requestor tests: `foo.bar.com` owns the
+    object, the upgrade joined it; once the owner deleted it only the joined requestor holds
+    the node (the maintenance operator releases it when that one leaves)."""
+    nm = {"metadata": {"name": "nvidia-operator-node-1", "namespace": "default"},
+          "spec": {"requestorID": "foo.bar.com", "nodeName": "node-1",
+                   "additionalRequestors": ["nvidia.operator.com"]}}
+    assert holders(nm) == ["foo.bar.com", "nvidia.operator.com"]
+    nm["metadata"]["deletionTimestamp"] = "2026-12-05T08:00:00Z"
+    assert holders(nm) == ["nvidia.operator.com"]
+
+
+def test_a_blocked_node_maintenance_drain_names_the_refused_pods() -> None:
+    nm = {"metadata": {"name": "nvidia-operator-node-7", "namespace": "default"},
+          "status": {"drain": {"waitForEviction": [
+              "work/train-1", "work/stuck-2 (The disruption budget stuck needs 1 healthy pods "
+              "and has 1 currently)"]}}}
+    assert maintenance_blocked(nm) == (
+        "NodeMaintenance default/nvidia-operator-node-7: work/stuck-2 (The disruption budget "
+        "stuck needs 1 healthy pods and has 1 currently)")
+    nm["status"]["drain"]["waitForEviction"] = ["work/train-1"]
+    assert maintenance_blocked(nm) is None

@@ -1,9 +1,13 @@
-"""The requestor side of NodeMaintenance, as upstream's driver upgrade uses it when a maintenance
-operator is installed (MAINTENANCE_OPERATOR_ENABLED): instead of cordoning and draining a node
-itself, the upgrade asks for `<prefix>-<node>` with its drain settings and waits for it to be
-Ready. A NodeMaintenance another requestor already holds for the node is joined (our ID in its
-additionalRequestors), so one drain serves both; leaving it removes our ID, and only its owner
-deletes it.
+"""The requestor side of NodeMaintenance (maintenance.nvidia.com/v1alpha1). Instead of cordoning
+and draining a node itself, a requestor asks for `<prefix>-<node>` with its drain settings and
+waits for it to be Ready; when done it lets go: the owner deletes the object, a joined requestor
+takes its ID out of additionalRequestors (the maintenance operator releases the node when nobody
+is left).
+
+Two requestors use it: the driver upgrade (upstream's MAINTENANCE_OPERATOR_* settings) and the
+SR-IOV drain (upstream's external drainer, DRAIN_CONTROLLER_* settings). A node that already has
+a NodeMaintenance, whoever asked for it and whatever its name, is joined rather than given a
+second one, so one drain serves every requestor of the node.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ log = logging.getLogger(__name__)
 # Upstream's defaults: network-operator's chart requestor ID, k8s-operator-libs' name prefix.
 DEFAULT_REQUESTOR_ID = "nvidia.doca-driver-upgrade"
 DEFAULT_PREFIX = "nvidia-operator"
+# nicop's default for the SR-IOV drain (upstream's chart sets it; it has none of its own).
+DEFAULT_SRIOV_REQUESTOR_ID = "nvidia.sriov-drain"
+SRIOV_DRAIN_TIMEOUT = 90  # seconds, upstream's drain requestor
 
 
 @dataclass(frozen=True)
@@ -36,12 +43,25 @@ class RequestorOptions:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> RequestorOptions | None:
-        """Upstream's variables; None unless MAINTENANCE_OPERATOR_ENABLED is "true"."""
+        """The driver upgrade's: upstream's variables; None unless MAINTENANCE_OPERATOR_ENABLED
+        is "true"."""
         if env.get("MAINTENANCE_OPERATOR_ENABLED") != "true":
             return None
         return cls(env.get("MAINTENANCE_OPERATOR_REQUESTOR_ID") or DEFAULT_REQUESTOR_ID,
                    env.get("MAINTENANCE_OPERATOR_REQUESTOR_NAMESPACE") or "default",
                    env.get("MAINTENANCE_OPERATOR_NODE_MAINTENANCE_PREFIX") or DEFAULT_PREFIX)
+
+    @classmethod
+    def sriov_from_env(cls, env: Mapping[str, str]) -> RequestorOptions | None:
+        """The SR-IOV drain's: upstream's DRAIN_CONTROLLER_* variables; None unless
+        DRAIN_CONTROLLER_ENABLED is "true". Its objects are named like the driver upgrade's,
+        so the two meet on one name."""
+        if env.get("DRAIN_CONTROLLER_ENABLED") != "true":
+            return None
+        return cls(env.get("DRAIN_CONTROLLER_REQUESTOR_ID") or DEFAULT_SRIOV_REQUESTOR_ID,
+                   env.get("DRAIN_CONTROLLER_REQUESTOR_NAMESPACE") or "default",
+                   env.get("DRAIN_CONTROLLER_NODE_MAINTENANCE_PREFIX")
+                   or env.get("MAINTENANCE_OPERATOR_NODE_MAINTENANCE_PREFIX") or DEFAULT_PREFIX)
 
 
 def maintenance_spec(upgrade_policy: Obj) -> Obj:
@@ -50,11 +70,9 @@ def maintenance_spec(upgrade_policy: Obj) -> Obj:
     spec: Obj = {}
     drain = upgrade_policy.get("drain") or {}
     if drain.get("enable", True):
-        selector = ",".join(s for s in (drain.get("podSelector"), f"{DRAIN_SKIP_LABEL}!=true")
-                            if s)
-        spec["drainSpec"] = {"force": bool(drain.get("force")), "podSelector": selector,
-                             "timeoutSeconds": int(drain.get("timeoutSeconds", 300)),
-                             "deleteEmptyDir": bool(drain.get("deleteEmptyDir"))}
+        spec["drainSpec"] = drain_spec(drain.get("podSelector"), bool(drain.get("force")),
+                                       int(drain.get("timeoutSeconds", 300)),
+                                       bool(drain.get("deleteEmptyDir")))
     wait = upgrade_policy.get("waitForCompletion")
     if wait:
         spec["waitForPodCompletion"] = {"podSelector": wait.get("podSelector") or "",
@@ -62,7 +80,31 @@ def maintenance_spec(upgrade_policy: Obj) -> Obj:
     return spec
 
 
+def sriov_maintenance_spec() -> Obj:
+    """What an SR-IOV drain asks for: upstream's drain requestor drains every pod, forced,
+    emptyDir data deleted, within 90 s."""
+    return {"drainSpec": drain_spec(None, True, SRIOV_DRAIN_TIMEOUT, True)}
+
+
+def drain_spec(selector: str | None, force: bool, timeout: int, delete_empty_dir: bool) -> Obj:
+    selector = ",".join(s for s in (selector, f"{DRAIN_SKIP_LABEL}!=true") if s)
+    return {"force": force, "podSelector": selector, "timeoutSeconds": timeout,
+            "deleteEmptyDir": delete_empty_dir}
+
+
+def requestors(nm: Obj) -> list[str]:
+    spec = nm.get("spec") or {}
+    return [spec.get("requestorID", ""), *(spec.get("additionalRequestors") or [])]
+
+
+def holders(nm: Obj) -> list[str]:
+    """Who still holds the node: once the owner deleted the object, only the others."""
+    return requestors(nm)[1:] if nm["metadata"].get("deletionTimestamp") else requestors(nm)
+
+
 class Requestor:
+    """One requestor's view of the NodeMaintenances of its namespace."""
+
     def __init__(self, manager: Manager, options: RequestorOptions,
                  on_change: Callable[[], None]) -> None:
         self.client: ApiClient = manager.client
@@ -70,7 +112,7 @@ class Requestor:
         self.items = manager.informer(NODE_MAINTENANCE, options.namespace)
         self.items.on_change(lambda ev, obj, old: on_change())
 
-    def requestor_id(self, pool: str) -> str:
+    def requestor_id(self, pool: str = OWNER_VALUE) -> str:
         """A NicNodePolicy's pool requests as `<id>-nnp-<name>`, as upstream."""
         base = self.options.requestor_id
         return base if pool == OWNER_VALUE else f"{base}-{pool}"
@@ -78,59 +120,71 @@ class Requestor:
     def name(self, node: str) -> str:
         return f"{self.options.prefix}-{node}"
 
-    def get(self, node: str) -> Obj | None:
-        return self.items.store.get(f"{self.options.namespace}/{self.name(node)}")
+    def of_node(self, node: str) -> list[Obj]:
+        """The node's NodeMaintenances: the one of our name first."""
+        ours = self.items.store.get(f"{self.options.namespace}/{self.name(node)}")
+        found = [nm for nm in self.items.store.items()
+                 if nm is not ours and (nm.get("spec") or {}).get("nodeName") == node]
+        return [ours, *found] if ours is not None else found
 
-    def ready(self, node: str) -> bool:
-        nm = self.get(node)
+    def held(self, node: str, me: str) -> Obj | None:
+        """The node's NodeMaintenance that `me` is a requestor of, if any."""
+        return next((nm for nm in self.of_node(node) if me in holders(nm)), None)
+
+    def ready(self, node: str, me: str) -> bool:
+        nm = self.held(node, me)
         return nm is not None and reason_of(nm) == m.READY
 
-    async def request(self, node: str, pool: str, upgrade_policy: Obj) -> None:
-        """Ask for the node's maintenance, or join the one another requestor asked for."""
-        me = self.requestor_id(pool)
-        existing = self.get(node)
-        if existing is None:
-            body = {"apiVersion": NODE_MAINTENANCE.api_version, "kind": NODE_MAINTENANCE.kind,
-                    "metadata": {"name": self.name(node), "namespace": self.options.namespace},
-                    "spec": {"requestorID": me, "nodeName": node, "cordon": True,
-                             **maintenance_spec(upgrade_policy)}}
-            try:
-                self.items.assume(await self.client.create(body, res=NODE_MAINTENANCE))
-            except ApiError as e:
-                if e.code != 409:  # there already: joined at the next reconcile
-                    raise
-            log.info("requested NodeMaintenance %s as %s", self.name(node), me,
-                     extra=logs.about("Node", node))
-            return
-        spec = existing["spec"]
-        others = list(spec.get("additionalRequestors") or [])
-        if spec["requestorID"] == me or me in others:
-            return
-        await self._requestors(existing, [*others, me])
-        log.info("joined NodeMaintenance %s of %s as %s", self.name(node), spec["requestorID"],
-                 me, extra=logs.about("Node", node))
+    async def request(self, node: str, me: str, spec: Obj) -> bool:
+        """Ask for the node's maintenance, or join the one another requestor asked for; True
+        once `me` holds one. A NodeMaintenance being deleted is waited out (False: ask again
+        later)."""
+        if self.held(node, me) is not None:
+            return True
+        live = [nm for nm in self.of_node(node) if not nm["metadata"].get("deletionTimestamp")]
+        if live:
+            existing = live[0]
+            await self._requestors(existing, [*requestors(existing)[1:], me])
+            log.info("joined NodeMaintenance %s of %s as %s", existing["metadata"]["name"],
+                     existing["spec"]["requestorID"], me, extra=logs.about("Node", node))
+            return True
+        if self.of_node(node):
+            return False
+        body = {"apiVersion": NODE_MAINTENANCE.api_version, "kind": NODE_MAINTENANCE.kind,
+                "metadata": {"name": self.name(node), "namespace": self.options.namespace},
+                "spec": {"requestorID": me, "nodeName": node, "cordon": True, **spec}}
+        try:
+            self.items.assume(await self.client.create(body, res=NODE_MAINTENANCE))
+        except ApiError as e:
+            if e.code != 409:  # there already: joined at the next reconcile
+                raise
+            return False
+        log.info("requested NodeMaintenance %s as %s", self.name(node), me,
+                 extra=logs.about("Node", node))
+        return True
 
-    async def release(self, node: str, pool: str) -> None:
+    async def release(self, node: str, me: str) -> None:
         """Done with the node: the owner deletes the NodeMaintenance, a joined requestor takes
-        its ID out (the maintenance operator releases the node when nobody is left)."""
-        me = self.requestor_id(pool)
-        existing = self.get(node)
-        if existing is None:
+        its ID out."""
+        nm = self.held(node, me)
+        if nm is None:
             return
-        meta, spec = existing["metadata"], existing["spec"]
+        meta, spec = nm["metadata"], nm["spec"]
         if spec["requestorID"] == me:
             if not meta.get("deletionTimestamp"):
-                await self.client.delete(NODE_MAINTENANCE, meta["name"], meta["namespace"])
+                try:
+                    await self.client.delete(NODE_MAINTENANCE, meta["name"], meta["namespace"])
+                except ApiError as e:
+                    if e.code != 404:
+                        raise
             return
-        others = list(spec.get("additionalRequestors") or [])
-        if me in others:
-            await self._requestors(existing, [r for r in others if r != me])
+        await self._requestors(nm, [r for r in requestors(nm)[1:] if r != me])
 
-    async def _requestors(self, nm: Obj, requestors: list[str]) -> None:
+    async def _requestors(self, nm: Obj, additional: list[str]) -> None:
         """The whole list at once, on the version read (a conflict retries with the next
         reconcile), as the maintenance operator asks of requestors."""
         meta = nm["metadata"]
         updated = await self.client.patch(NODE_MAINTENANCE, meta["name"], {
             "metadata": {"resourceVersion": meta["resourceVersion"]},
-            "spec": {"additionalRequestors": requestors or None}}, meta["namespace"])
+            "spec": {"additionalRequestors": additional or None}}, meta["namespace"])
         self.items.assume(updated)

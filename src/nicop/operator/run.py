@@ -71,7 +71,8 @@ async def run(
         MaintenanceController(manager, namespace, recorder)
     IpamController(manager, namespace)
     SriovPolicyController(manager, namespace, recorder)
-    SriovDrainController(manager, namespace, recorder)
+    SriovDrainController(manager, namespace, recorder,
+                         requestor=RequestorOptions.sriov_from_env(os.environ))
     SriovNetworkController(manager, namespace, recorder)
     SriovDaemonsController(manager, namespace)
     CniDaemonController(manager, namespace, cni_bin_dir)

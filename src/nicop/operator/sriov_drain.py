@@ -17,6 +17,11 @@ The SriovOperatorConfig `default` is read here too: `disableDrain` (the handshak
 without cordoning or evicting) and `logLevel` (0 info, 1 and 2 debug for the SR-IOV
 controllers).
 
+With a maintenance operator (DRAIN_CONTROLLER_ENABLED, upstream's external drainer), the
+controller cordons and evicts nothing itself: a node's drain is a NodeMaintenance it asks for (or
+joins, when a driver upgrade or another requestor already holds the node, so the node is drained
+once for both), `DrainComplete` once that is Ready, and let go when the daemon is back to `Idle`.
+
 Where nicop does better than upstream: a node is cordoned only by this controller and only
 uncordoned by it (a node an admin cordoned stays cordoned), any node it cordoned is uncordoned as
 soon as its daemon is Idle, gone, or no longer configured, and a drain that cannot finish says
@@ -53,6 +58,11 @@ from nicop.kube.resources import (
     SRIOV_OPERATOR_CONFIG,
     SRIOV_POOL_CONFIG,
     Obj,
+)
+from nicop.operator.maintenance_requestor import (
+    Requestor,
+    RequestorOptions,
+    sriov_maintenance_spec,
 )
 from nicop.operator.upgrade import evictable, max_unavailable
 
@@ -171,7 +181,7 @@ class SriovDrainController:
     KEY = "sriov-drain"
 
     def __init__(self, manager: Manager, namespace: str, recorder: EventRecorder, *,
-                 prefix: str | None = None) -> None:
+                 prefix: str | None = None, requestor: RequestorOptions | None = None) -> None:
         self.client: ApiClient = manager.client
         self.namespace = namespace
         self.recorder = recorder
@@ -189,6 +199,9 @@ class SriovDrainController:
         self.states.on_change(lambda ev, obj, old: self.controller.queue.add_batched(self.KEY))
         self.nodes.on_change(self._node_changed)
         self._blocked_events: dict[str, str] = {}
+        # External drainer: a maintenance operator cordons and drains (NodeMaintenance).
+        self.requestor = None if requestor is None else Requestor(
+            manager, requestor, lambda: self.controller.queue.add_batched(self.KEY))
 
     def _node_changed(self, event: str, node: Obj, old: Obj | None) -> None:
         if old is None or node["metadata"].get("labels") != old["metadata"].get("labels") \
@@ -201,7 +214,8 @@ class SriovDrainController:
         apply_log_level(config)
         no_drain = disable_drain(config)
         states = sorted(self.states.store.items(), key=lambda s: s["metadata"]["name"])
-        await self.node_pods.keep(s["metadata"]["name"] for s in states if _needs_pods(s))
+        await self.node_pods.keep(s["metadata"]["name"] for s in states
+                                  if self.requestor is None and _needs_pods(s))
         active = False
         for state in states:
             active |= await self._step(state, no_drain)
@@ -219,6 +233,8 @@ class SriovDrainController:
                                                CURRENT_STATE: current or IDLE})
             return False
         node = self.nodes.store.get(name)
+        if self.requestor is not None:
+            return await self._step_requestor(state, desired, current)
         if desired == IDLE:
             if current != IDLE or ann.get(BLOCKED_ANNOTATION):
                 if node is not None:
@@ -241,6 +257,25 @@ class SriovDrainController:
                 await self._annotate_state(state, {CURRENT_STATE: DRAINING})
             return left is None or bool(left)
         return False
+
+    async def _step_requestor(self, state: Obj, desired: str, current: str) -> bool:
+        """The handshake when a NodeMaintenance drains the node: DrainComplete once it is
+        Ready; back to Idle once the daemon is and this requestor has let it go."""
+        assert self.requestor is not None
+        name = state["metadata"]["name"]
+        me = self.requestor.requestor_id()
+        if desired == IDLE:
+            if current != IDLE:
+                await self.requestor.release(name, me)
+                log.info("daemon is Idle: %s -> Idle, NodeMaintenance let go", current,
+                         extra=logs.about("Node", name))
+                await self._annotate_state(state, {CURRENT_STATE: IDLE})
+            return False
+        if current == DRAINING and await self.requestor.request(
+                name, me, sriov_maintenance_spec()) and self.requestor.ready(name, me):
+            log.info("drained by NodeMaintenance", extra=logs.about("Node", name))
+            await self._annotate_state(state, {CURRENT_STATE: DRAIN_COMPLETE})
+        return False  # the NodeMaintenance's changes wake this controller
 
     async def _start_drains(self, no_drain: bool) -> bool:
         """Begin drains of waiting nodes while their pools leave room."""
@@ -280,7 +315,8 @@ class SriovDrainController:
             if name in problems:
                 await self._blocked(state, node, problems[name])
                 continue
-            if no_drain or _annotations(state).get(EXTERNAL_DRAINER) == "true":
+            if no_drain or (self.requestor is None
+                            and _annotations(state).get(EXTERNAL_DRAINER) == "true"):
                 log.info("drain skipped (%s)", "disableDrain" if no_drain else
                          "external drainer", extra=logs.about("Node", name))
                 await self._annotate_state(state, {CURRENT_STATE: DRAIN_COMPLETE})
@@ -291,8 +327,13 @@ class SriovDrainController:
                 log.debug("waiting: pool %r has %d of %d nodes draining", pool_name or "default",
                           busy.get(pool_name, 0), limit, extra=logs.about("Node", name))
                 continue
+            if self.requestor is not None:
+                if not await self.requestor.request(name, self.requestor.requestor_id(),
+                                                    sriov_maintenance_spec()):
+                    continue  # the node's last NodeMaintenance is still being released
+            else:
+                await self._cordon(node)
             busy[pool_name] = busy.get(pool_name, 0) + 1
-            await self._cordon(node)
             log.info("draining for %s (pool %s, %d of %d)", _annotations(state)[DESIRED_STATE],
                      pool_name or "default", busy[pool_name], limit,
                      extra=logs.about("Node", name))

@@ -33,6 +33,7 @@ from nicop.api.labels import (
     POLICY_NAME,
     SAFE_LOAD_ANNOTATION,
 )
+from nicop.api.maintenance import READY
 from nicop.api.nodes import labels_of
 from nicop.api.upgrade import (
     ATTEMPTS_ANNOTATION,
@@ -74,7 +75,12 @@ from nicop.kube.resources import CONTROLLER_REVISION, NODE, POD, Obj
 from nicop.kube.resources import NIC_CLUSTER_POLICY as NCP
 from nicop.kube.times import parse, stamp, utcnow
 from nicop.operator import metrics
-from nicop.operator.maintenance_requestor import Requestor, RequestorOptions
+from nicop.operator.maintenance import reason_of
+from nicop.operator.maintenance_requestor import (
+    Requestor,
+    RequestorOptions,
+    maintenance_spec,
+)
 from nicop.operator.node_policy import NNP, selects
 from nicop.operator.templates import what_runs
 
@@ -436,16 +442,24 @@ class UpgradeController:
         if state == REQUIRED:
             if not wants_upgrade:
                 return await self._set(view, DONE)
-            if self.requestor is not None:  # the maintenance operator limits how many at once
-                await self.requestor.request(view.name, view.pool, plan.spec)
+            if self.requestor is not None and await self.requestor.request(
+                    view.name, self.requestor.requestor_id(view.pool),
+                    maintenance_spec(plan.spec)):  # the maintenance operator limits how many
                 return await self._set(view, NODE_MAINTENANCE,
                                        annotations={REQUESTOR_MODE_ANNOTATION: "true"})
             return False
         if state == NODE_MAINTENANCE:
-            if self.requestor is None or self.requestor.get(view.name) is None:
+            me = self.requestor.requestor_id(view.pool) if self.requestor else ""
+            nm = self.requestor.held(view.name, me) if self.requestor else None
+            if nm is None:
                 return await self._set(view, REQUIRED)  # asked again from there
-            return await self._set(view, POD_RESTART) if self.requestor.ready(view.name) \
-                else False
+            if reason_of(nm) == READY:
+                return await self._set(view, POD_RESTART,
+                                       annotations={DRAIN_BLOCKED_ANNOTATION: None})
+            blocked = maintenance_blocked(nm)
+            if view.annotations.get(DRAIN_BLOCKED_ANNOTATION) != blocked:
+                await self._patch(view, annotations={DRAIN_BLOCKED_ANNOTATION: blocked})
+            return False
         if state == CORDON:
             await self._patch(view, spec={"unschedulable": True})
             return await self._set(view, WAIT_FOR_JOBS)
@@ -465,8 +479,7 @@ class UpgradeController:
         if state == UNCORDON:
             if view.annotations.get(REQUESTOR_MODE_ANNOTATION) == "true":
                 # The maintenance operator uncordons once no requestor holds the node.
-                if self.requestor is not None:
-                    await self.requestor.release(view.name, view.pool)
+                await self._release(view)
                 return await self._set(view, DONE, annotations={
                     REQUESTOR_MODE_ANNOTATION: None, INITIAL_UNSCHEDULABLE_ANNOTATION: None,
                     REQUESTED_ANNOTATION: None})
@@ -659,14 +672,17 @@ class UpgradeController:
                  "restarted", meta["name"], pod["metadata"]["labels"]["controller-revision-hash"],
                  extra=logs.about("Node", view.name))
 
+    async def _release(self, view: NodeView) -> None:
+        if self.requestor is not None:
+            await self.requestor.release(view.name, self.requestor.requestor_id(view.pool))
+
     async def _clean_up(self, view: NodeView) -> None:
         """Upgrades off for the node's pool: drop its state label, uncordon it if nicop
         cordoned it."""
         annotations = view.annotations
         spec = None
         if annotations.get(REQUESTOR_MODE_ANNOTATION) == "true":
-            if self.requestor is not None:
-                await self.requestor.release(view.name, view.pool)
+            await self._release(view)
         elif (view.state in (*IN_PROGRESS, FAILED)
                 and annotations.get(INITIAL_UNSCHEDULABLE_ANNOTATION) != "true"):
             spec = {"unschedulable": False}
@@ -691,6 +707,17 @@ def _upgrade_marks(node: Obj) -> tuple[str | None, ...]:
     annotations = meta.get("annotations") or {}
     return (*(labels.get(k) for k in UPGRADE_LABELS),
             *(annotations.get(k) for k in UPGRADE_ANNOTATIONS))
+
+
+def maintenance_blocked(nm: Obj) -> str | None:
+    """What keeps a NodeMaintenance's drain from finishing: its pods that were refused (the
+    refusal in brackets, as the maintenance controller reports them), or None."""
+    drain = (nm.get("status") or {}).get("drain") or {}
+    refused = [p for p in drain.get("waitForEviction") or [] if "(" in p]
+    if not refused:
+        return None
+    meta = nm["metadata"]
+    return f"NodeMaintenance {meta['namespace']}/{meta['name']}: " + ", ".join(refused)
 
 
 def _pod_ready(pod: Obj) -> bool:
