@@ -127,8 +127,10 @@ class MaintenanceController:
                 await self._release(nm)
             elif not reason_of(nm):
                 await self._set(nm, m.PENDING, "waiting for a slot of maxParallelOperations")
+        # A deleted NodeMaintenance another requestor still holds keeps its node, and its slot.
         items = [nm for nm in self.items.store.items()
-                 if not nm["metadata"].get("deletionTimestamp")]
+                 if not nm["metadata"].get("deletionTimestamp")
+                 or m.FINALIZER in (nm["metadata"].get("finalizers") or [])]
         await self._schedule(items, config)
         watched = []
         for nm in sorted(self.items.store.items(), key=key_of):
