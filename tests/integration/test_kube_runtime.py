@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+import pytest
 
 from nicop.kube.client import ApiClient
 from nicop.kube.events import EventRecorder
@@ -16,6 +19,7 @@ from nicop.kube.informer import Informer
 from nicop.kube.leader import LeaderElector
 from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.resources import CONFIGMAP, EVENT, LEASE, NODE, Resource
+from nicop.kube.times import utcnow
 from nicop_sim.cluster import free_port
 
 T = TypeVar("T")
@@ -161,6 +165,35 @@ def test_leader_election_hands_over_when_the_leader_stops_renewing(
         lease = await client.get(LEASE, "lock", namespace)
         assert lease["spec"]["holderIdentity"] == "second"
         assert lease["spec"]["leaseTransitions"] == 1
+
+    run(kubeconfig, body)
+
+
+@pytest.mark.parametrize("skew", [-60.0, 60.0], ids=["leader-behind", "leader-ahead"])
+def test_leader_election_ignores_clock_skew_between_replicas(
+    kubeconfig: Path, namespace: str, skew: float
+) -> None:
+    """The leader's wall clock is `skew` seconds off the standby's (far more than the lease
+    duration): the standby never leads while the leader renews, and takes over within one lease
+    duration once it stops, as client-go decides expiry (from when the standby saw the record
+    change, on its own clock)."""
+    async def body(client: ApiClient) -> None:
+        timing = {"lease_duration": 2.0, "renew_deadline": 1.5, "retry_period": 0.2}
+        first = LeaderElector(client, namespace, "skewed", "first", **timing,
+                              clock=lambda: utcnow() + datetime.timedelta(seconds=skew))
+        second = LeaderElector(client, namespace, "skewed", "second", **timing)
+        await first.acquire()
+        keeping = asyncio.create_task(first.keep())
+        waiting = asyncio.create_task(second.acquire())
+        await asyncio.sleep(3 * timing["lease_duration"])
+        assert not waiting.done() and not keeping.done(), "two leaders at once"
+        keeping.cancel()  # the leader dies without releasing
+        start = asyncio.get_running_loop().time()
+        await asyncio.wait_for(waiting, 10)
+        took = asyncio.get_running_loop().time() - start
+        assert took <= timing["lease_duration"] + 2 * timing["retry_period"] + 0.5, took
+        lease = await client.get(LEASE, "skewed", namespace)
+        assert lease["spec"]["holderIdentity"] == "second"
 
     run(kubeconfig, body)
 

@@ -1,8 +1,11 @@
 """Lease-based leader election (coordination.k8s.io/v1), as client-go does it.
 
-The leader renews the Lease every `retry_period`; a standby takes it over once `renewTime +
-leaseDurationSeconds` has passed. Updates carry the resourceVersion they read, so two candidates
-can never both win. A leader that cannot renew within `renew_deadline` stops leading.
+The leader renews the Lease every `retry_period`; a standby takes it over once the lease record
+has not changed for `leaseDurationSeconds` of the standby's own monotonic clock. The times
+written in the record (`renewTime`, `acquireTime`) are for people: comparing another replica's
+wall clock with ours would let a standby whose clock runs ahead take over from a live leader, or
+one whose clock runs behind wait forever. Updates carry the resourceVersion they read, so two
+candidates can never both win. A leader that cannot renew within `renew_deadline` stops leading.
 """
 
 from __future__ import annotations
@@ -10,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from nicop.kube.client import ApiClient, ApiError, Unreachable
 from nicop.kube.resources import LEASE, Obj
-from nicop.kube.times import micro_stamp, parse, utcnow
+from nicop.kube.times import micro_stamp, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +38,7 @@ class LeaderElector:
         lease_duration: float = 15.0,
         renew_deadline: float = 10.0,
         retry_period: float = 2.0,
+        clock: Callable[[], datetime.datetime] = utcnow,
     ) -> None:
         self.client = client
         self.namespace = namespace
@@ -42,8 +47,12 @@ class LeaderElector:
         self.lease_duration = lease_duration
         self.renew_deadline = renew_deadline
         self.retry_period = retry_period
+        self.clock = clock  # this replica's wall clock, only written into the record
         self.is_leader = False
         self.reachable = True
+        # The record as last seen, and when (monotonic) it was first seen so.
+        self._observed: tuple[Any, ...] | None = None
+        self._observed_at = 0.0
 
     async def acquire(self) -> None:
         """Wait until this candidate holds the lease; an API server that does not answer is
@@ -93,7 +102,7 @@ class LeaderElector:
         return ok
 
     async def _try_acquire_or_renew(self) -> bool:
-        now = utcnow()
+        now = self.clock()
         lease = await self.client.get_or_none(LEASE, self.name, self.namespace)
         spec: dict[str, Any] = {
             "holderIdentity": self.identity,
@@ -112,14 +121,14 @@ class LeaderElector:
                 if e.code == 409:
                     return False
                 raise
+            self._observe(obj["spec"])
             return True
         old = lease.get("spec", {})
+        self._observe(old)
         holder = old.get("holderIdentity") or ""
         if holder and holder != self.identity:
-            renewed = old.get("renewTime")
-            duration = old.get("leaseDurationSeconds", self.lease_duration)
-            renewed_at = parse(renewed)
-            if renewed_at and renewed_at + datetime.timedelta(seconds=duration) > now:
+            duration = old.get("leaseDurationSeconds") or self.lease_duration
+            if self._observed_at + duration > asyncio.get_running_loop().time():
                 return False
         if holder == self.identity:
             spec["acquireTime"] = old.get("acquireTime", micro_stamp(now))
@@ -134,4 +143,13 @@ class LeaderElector:
             if e.code == 409:
                 return False
             raise
+        self._observe(spec)
         return True
+
+    def _observe(self, spec: Obj) -> None:
+        """Note the record; a change restarts the lease's time on our clock."""
+        record = tuple(spec.get(k) for k in ("holderIdentity", "renewTime", "acquireTime",
+                                             "leaseTransitions", "leaseDurationSeconds"))
+        if record != self._observed:
+            self._observed = record
+            self._observed_at = asyncio.get_running_loop().time()
