@@ -3,9 +3,11 @@
 The scheduler says only that it "cannot allocate all claims". This reads the same inputs it
 reads (the claim or its template, the DeviceClasses, the ResourceSlices and the devices other
 claims hold) and finds, for each node, how many free devices each request could take and whether
-a `matchAttribute` constraint can be met. Selectors are CEL; the equality tests DeviceClasses
-usually hold (`device.driver == "x"`, `device.attributes["d"].a == "v"`, joined by `&&`) are
-evaluated, anything else is named as not evaluated, so the counts are an upper bound.
+a `matchAttribute` constraint can be met. A device with a taint the request does not tolerate
+(NoSchedule or NoExecute) is not free, and is named with its taint. Selectors are CEL; the
+equality tests DeviceClasses usually hold (`device.driver == "x"`,
+`device.attributes["d"].a == "v"`, joined by `&&`) are evaluated, anything else is named as not
+evaluated, so the counts are an upper bound.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nicop.api import dra
 from nicop.kube.resources import quantity
 
 Obj = dict[str, Any]
@@ -33,6 +36,7 @@ class Request:
     device_class: str
     count: int
     tests: list[str] = field(default_factory=list)  # CEL clauses to evaluate
+    tolerations: list[Obj] = field(default_factory=list)
 
 
 @dataclass
@@ -62,7 +66,8 @@ def requests_of(spec: Obj, classes: dict[str, Obj]) -> tuple[list[Request], list
         for selector in choice.get("selectors") or []:
             tests += _clauses(selector)
         unknown += [t for t in tests if _evaluate(t, {}, "") is None]
-        out.append(Request(request["name"], class_name, count, tests))
+        out.append(Request(request["name"], class_name, count, tests,
+                           list(choice.get("tolerations") or [])))
     return out, unknown
 
 
@@ -187,13 +192,15 @@ def fits(spec: Obj, classes: dict[str, Obj], slices: Iterable[Obj],
         matching = {r.name: [(drv, d) for drv, pool, d in devices if _passes(r, d, drv)]
                     for r in requests}
         free = {r.name: [(drv, d) for drv, pool, d in devices if _passes(r, d, drv)
-                         and (drv, pool, d["name"]) not in taken] for r in requests}
+                         and (drv, pool, d["name"]) not in taken
+                         and not untolerated(d, r.tolerations)] for r in requests}
         short = [r for r in requests if len(free[r.name]) < max(r.count, 1)]
         why = ""
         if short:
             why = "; ".join(f"{r.name}: {len(free[r.name])} free of {len(matching[r.name])} "
                             f"{r.device_class}, {max(r.count, 1)} wanted"
-                            + _shared_note(devices, r, shared) for r in short)
+                            + _shared_note(devices, r, shared) + _taint_note(devices, r)
+                            for r in short)
         else:
             why = _constraint_problem(constraints, requests, free)
         result.append(NodeFit(node, {k: len(v) for k, v in free.items()},
@@ -211,6 +218,40 @@ def _shared_note(devices: list[tuple[str, str, Obj]], request: Request,
         return ""
     return (f" ({', '.join(held)} not free: a PF is not free while some of its VFs are "
             "allocated, nor its VFs while it is)")
+
+
+def untolerated(device: Obj, tolerations: list[Obj]) -> list[str]:
+    """The device's taints that keep the request off it (`key=value:effect`)."""
+    return [f"{t.get('key')}={t.get('value', '')}:{t.get('effect')}"
+            for t in device.get("taints") or []
+            if t.get("effect") in ("NoSchedule", "NoExecute")
+            and not any(_tolerates(tol, t) for tol in tolerations)]
+
+
+def _tolerates(toleration: Obj, taint: Obj) -> bool:
+    """As a pod's toleration matches a node taint: empty effect or key match all."""
+    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+        return False
+    if toleration.get("operator") == "Exists":
+        return not toleration.get("key") or toleration["key"] == taint.get("key")
+    return toleration.get("key") == taint.get("key") and \
+        toleration.get("value", "") == taint.get("value", "")
+
+
+def _taint_note(devices: list[tuple[str, str, Obj]], request: Request) -> str:
+    """Names the devices the request's tolerations keep it off, with their taints."""
+    tainted = [f"{d['name']} tainted {', '.join(taints)}" for drv, pool, d in devices
+               if _passes(request, d, drv) and (taints := untolerated(d, request.tolerations))]
+    if not tainted:
+        return ""
+    meanings = [text for key, text in TAINT_MEANINGS.items()
+                if any(f" {key}=" in f" {t}" for t in tainted)]
+    return f" ({'; '.join(sorted(tainted) + meanings)})"
+
+
+# What nicop's own taints mean, for the note above.
+TAINT_MEANINGS = {dra.TAINT_LINK_DOWN: f"{dra.TAINT_LINK_DOWN}: the port's link is down "
+                  "(cable, switch port or subnet manager); the taint goes when it is up"}
 
 
 def _constraint_problem(constraints: list[Obj], requests: list[Request],

@@ -413,23 +413,77 @@ def test_vfs_the_sriov_policy_creates_are_claimable_and_leave_the_slice_when_the
         wait_for(lambda: numvfs.read_text().strip() == "0", 120, "the VFs to be removed")
 
 
-def pf_user(namespace: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A claim template for the DGX's first InfiniBand PF, by its PCI address, and a pod
-    `pf-user` claiming it."""
+def pf_user(namespace: str, address: str = SRIOV_PF, name: str = "pf-user"
+            ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A claim template for one of the DGX's InfiniBand PFs (the first), by its PCI address,
+    and a pod `name` claiming it."""
     template = {
         "apiVersion": dra.RESOURCE_API, "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "first-ib-pf", "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {"spec": {"devices": {"requests": [{"name": "nic", "exactly": {
             "deviceClassName": dra.PF_CLASS, "selectors": [{"cel": {"expression": (
-                f'device.attributes["{dra.DRIVER}"].{dra.PCI_ADDRESS} == "{SRIOV_PF}"')}}],
+                f'device.attributes["{dra.DRIVER}"].{dra.PCI_ADDRESS} == "{address}"')}}],
         }}]}}}}
     pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": "pf-user", "namespace": namespace},
-           "spec": {"resourceClaims": [{"name": "nic",
-                                        "resourceClaimTemplateName": "first-ib-pf"}],
+           "metadata": {"name": name, "namespace": namespace},
+           "spec": {"resourceClaims": [{"name": "nic", "resourceClaimTemplateName": name}],
                     "containers": [{"name": "app", "image": "registry.local/app:1",
                                     "resources": {"claims": [{"name": "nic"}]}}]}}
     return template, pod
+
+
+def test_a_pf_whose_link_goes_down_is_tainted_and_a_claim_only_it_could_serve_waits(
+    client: Client, kubeconfig: Path, cluster: LocalCluster, namespace: str, deployed: None
+) -> None:
+    """The DGX's second InfiniBand port loses its link (the simulated hardware changes): at the
+    plugin's next rescan (1 s; the time is printed) its slice carries the taint
+    rdma.nicop.io/link-down (NoSchedule) on that PF;
+    a claim for it stays Pending under the real scheduler and `nicop diagnose pod` names the
+    taint and what it means; with the link back the taint goes and the claim is allocated."""
+    address, ifname, device = "0000:40:00.0", "ibp64s0", "pf-0000-40-00-0"
+
+    def taints() -> list[dict[str, Any]] | None:
+        for s in client.list(ResourceSlice):
+            if s["spec"]["driver"] == dra.DRIVER and s["spec"]["nodeName"] == DRA_NODE:
+                for d in s["spec"].get("devices") or []:
+                    if d["name"] == device:
+                        return list(d.get("taints") or [])
+        return None
+
+    def pod() -> Pod:
+        return client.get(Pod, "down-pf-user", namespace=namespace)
+
+    assert taints() == []
+    host = SimulatedHost(cluster.node_root(DRA_NODE))
+    down = time.monotonic()
+    host.set_link(ifname, False)
+    try:
+        [taint] = wait_for(taints, 10, f"{device} tainted")
+        print(f"\nlink down to taint: {time.monotonic() - down:.2f}s")
+        assert (taint["key"], taint["value"], taint["effect"]) == (
+            dra.TAINT_LINK_DOWN, ifname, "NoSchedule")
+        assert taint.get("timeAdded"), "set by the API server"
+        create(kubeconfig, *pf_user(namespace, address, "down-pf-user"))
+        wait_for(lambda: any(c.reason == "Unschedulable" for c in pod().status.conditions or []),
+                 60, "the claim for the tainted PF to wait")
+        done = subprocess.run(
+            [sys.executable, "-m", "nicop", "diagnose", "pod", f"{namespace}/down-pf-user",
+             "--kubeconfig", str(kubeconfig)],
+            capture_output=True, text=True, timeout=120, check=False)
+        said = " ".join(done.stdout.split())
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert (f"node {DRA_NODE}: nic: 0 free of 1 rdma.nicop.io, 1 wanted ({device} tainted "
+                f"{dra.TAINT_LINK_DOWN}={ifname}:NoSchedule; {dra.TAINT_LINK_DOWN}: the port's "
+                "link is down") in said, said
+    finally:
+        host.set_link(ifname, True)
+    try:
+        wait_for(lambda: taints() == [], 5, "the taint to go with the link back")
+        wait_for(lambda: pod().spec.nodeName == DRA_NODE, 60, "the claim allocated")
+        [result] = _allocation(client, pod(), namespace)
+        assert result["device"] == device
+    finally:
+        delete(client, Pod, "down-pf-user", namespace)
 
 
 def _allocation(client: Client, pod: Pod, namespace: str) -> list[dict[str, Any]]:

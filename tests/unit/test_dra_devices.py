@@ -114,6 +114,9 @@ def test_a_pf_link_down_takes_its_vfs_out_and_back_under_the_same_names(tmp_path
     down = devices_of(host)
     assert sorted(down) == ["pf-0000-3b-00-1"]
     assert value(down["pf-0000-3b-00-1"], dra.LINK_UP) is False
+    assert down["pf-0000-3b-00-1"].to_api()["taints"] == [
+        {"key": "rdma.nicop.io/link-down", "value": "enp59s0f1np1", "effect": "NoSchedule"}]
+    assert "taints" not in before["pf-0000-3b-00-1"].to_api()
     host.set_link("enp59s0f0np0", True)
     host.set_link("enp59s0f1np1", True)
     assert devices_of(host) == before

@@ -105,6 +105,25 @@ def test_the_generation_moves_only_when_the_devices_change() -> None:
     assert api.sync(devices[:100]).noop
 
 
+def test_a_taint_keeps_the_api_servers_time_and_an_unchanged_one_writes_nothing() -> None:
+    """The API server sets timeAdded on a taint that arrives without one (resource.k8s.io/v1
+    DeviceTaint): the next plan neither rewrites the slice for it nor drops it."""
+    api = Api()
+    devices = [device(i) for i in range(3)]
+    devices[1]["taints"] = [{"key": "rdma.nicop.io/link-down", "value": "ibp64s0",
+                             "effect": "NoSchedule"}]
+    api.sync(devices)
+    stored = api.slices["rdma.nicop.io-worker-1-0"]["spec"]["devices"][1]
+    stored["taints"][0]["timeAdded"] = "2026-12-05T07:40:00Z"  # as the API server does
+    assert api.sync(devices).noop
+    devices[2] = {**devices[2], "taints": [{"key": "rdma.nicop.io/link-down", "value": "x",
+                                            "effect": "NoSchedule"}]}
+    changed = api.sync(devices)
+    [written] = changed.update
+    assert written["spec"]["devices"][1]["taints"][0]["timeAdded"] == "2026-12-05T07:40:00Z"
+    assert "timeAdded" not in written["spec"]["devices"][2]["taints"][0]
+
+
 def test_a_deleted_slice_comes_back_in_its_generation_an_edited_one_gets_a_new_one() -> None:
     api = Api()
     devices = [device(i) for i in range(300)]

@@ -45,6 +45,14 @@ DRIVER_VERSION = "driverVersion"  # string, of the NVIDIA driver package ("25.10
 
 KIND_PF, KIND_VF = "pf", "vf"
 
+# Device taints (resource.k8s.io/v1, DRADeviceTaints: beta and on since Kubernetes 1.35): a
+# device that cannot carry traffic now keeps its name and allocations but takes no new claim.
+# NoSchedule, not NoExecute: a link that flaps comes back, and evicting the pods using it would
+# turn a short outage into lost training steps. A claim that wants the device anyway tolerates
+# the key.
+TAINT_LINK_DOWN = f"{DRIVER}/link-down"
+TAINT_NO_SCHEDULE = "NoSchedule"
+
 # Where the plugin meets the kubelet and the container runtime, on the node (its DaemonSet
 # mounts them): its socket under the plugins directory, its registration socket, CDI specs.
 PLUGINS_DIR = "/var/lib/kubelet/plugins"

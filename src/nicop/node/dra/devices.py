@@ -3,6 +3,8 @@ claims select on (kind, link, NUMA node, PCIe root for GPU alignment, PF and VF 
 
 What is published:
 - a PF with an RDMA device, whatever its link state (`linkUp` tells; a claim can require it);
+  with its link down it carries the taint `rdma.nicop.io/link-down` (NoSchedule), so new claims
+  go elsewhere unless they tolerate it, and it loses the taint when the link is back;
 - a VF bound to a driver (vfio-pci counts), while its PF's link is up. A VF shares its PF's port,
   so with the PF down it can carry nothing: its device leaves the slice instead of staying
   allocatable with `linkUp: false`, and comes back, under the same name, when the link does.
@@ -46,10 +48,13 @@ class Device:
     name: str
     attributes: dict[str, dict[str, Any]]  # {"linkUp": {"bool": True}, ...}
     consumes: tuple[str, int] | None = None  # (counter set, VFs' worth of its PF)
+    taints: tuple[dict[str, str], ...] = ()
 
     def to_api(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name,
                                "attributes": dict(sorted(self.attributes.items()))}
+        if self.taints:
+            out["taints"] = [dict(t) for t in self.taints]
         if self.consumes is not None:
             counter_set, amount = self.consumes
             out["consumesCounters"] = [{"counterSet": counter_set,
@@ -156,7 +161,11 @@ def _device(
     if counter_pf.num_vfs > 0:
         consumes = (device_name(dra.KIND_PF, counter_pf.address),
                     1 if pf is not None else fn.num_vfs)
-    return Device(device_name(kind, fn.address), {k: v for k, v in typed.items() if v}, consumes)
+    taints = () if attrs[dra.LINK_UP] else ({
+        "key": dra.TAINT_LINK_DOWN, "value": fn.netdev.name if fn.netdev else fn.address,
+        "effect": dra.TAINT_NO_SCHEDULE},)
+    return Device(device_name(kind, fn.address), {k: v for k, v in typed.items() if v}, consumes,
+                  taints)
 
 
 def _typed(name: str, value: Any) -> dict[str, Any]:

@@ -16,6 +16,9 @@ The pool's generation moves only when what the newest generation in the API publ
 longer right (devices changed, or a slice was edited): the scheduler drops slices of older
 generations, so a bump for nothing would make the node's pool briefly incomplete. A slice that
 was only deleted comes back in the generation it had.
+
+A device taint's `timeAdded` is the API server's (it sets it when a taint arrives without one):
+it is kept from the slices there and not compared, so an unchanged taint writes nothing.
 """
 
 from __future__ import annotations
@@ -120,6 +123,7 @@ def plan(
     ours = [s for s in current if _spec(s).get("driver") == driver
             and _spec(s).get("nodeName") == node and _pool(s).get("name") == node]
     generation = max((int(_pool(s).get("generation", 0)) for s in ours), default=0)
+    content = _with_taint_times(content, ours)
     wanted = {s["metadata"]["name"]: s for s in build_slices(driver, node, content, generation)}
     newest = [s for s in ours if _pool(s).get("generation") == generation]
     if not newest or any(s["metadata"]["name"] not in wanted
@@ -148,6 +152,34 @@ def _writes(
     return result
 
 
+def _with_taint_times(content: PoolContent, ours: Sequence[Mapping[str, Any]]) -> PoolContent:
+    """`content` with each taint's timeAdded as the slices in the API have it."""
+    added = {_taint_key(d["name"], t): t["timeAdded"]
+             for s in ours for d in _spec(s).get("devices") or []
+             for t in d.get("taints") or [] if t.get("timeAdded")}
+    if not added:
+        return content
+
+    def timed(name: str, taint: Mapping[str, Any]) -> dict[str, Any]:
+        time = added.get(_taint_key(name, taint))
+        return {**taint, "timeAdded": time} if time else dict(taint)
+
+    devices = [{**d, "taints": [timed(d["name"], t) for t in d["taints"]]}
+               if d.get("taints") else d for d in content.devices]
+    return PoolContent(devices, content.counter_sets)
+
+
+def _taint_key(device: str, taint: Mapping[str, Any]) -> tuple[Any, ...]:
+    return device, taint.get("key"), taint.get("value"), taint.get("effect")
+
+
+def _untimed(devices: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """Devices as compared: taints without the API server's timeAdded."""
+    return [{**d, "taints": [{k: v for k, v in t.items() if k != "timeAdded"}
+                             for t in d["taints"]]} if d.get("taints") else d
+            for d in devices]
+
+
 def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return obj.get("spec") or {}
 
@@ -160,4 +192,4 @@ def _managed(obj: Mapping[str, Any]) -> tuple[Any, ...]:
     """The fields this module sets, to tell whether a slice needs writing."""
     spec = _spec(obj)
     return (spec.get("driver"), spec.get("nodeName"), dict(_pool(obj)),
-            spec.get("devices") or [], spec.get("sharedCounters") or [])
+            _untimed(spec.get("devices") or []), spec.get("sharedCounters") or [])
