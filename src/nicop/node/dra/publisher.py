@@ -3,7 +3,8 @@
 The devices are read again every `interval` seconds, as the device plugins rescan; the API is
 written only when they changed (or the last write failed), and read back every `resync` seconds
 so that a slice someone deleted or edited comes back. The slices are owned by their Node, so
-they go with it.
+they go with it. An API server without device taints (DRADeviceTaints off) drops them from what
+it stores: the publisher then stops sending them, rather than rewrite the pool at every resync.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.resources import NODE, RESOURCE_SLICE
-from nicop.node.dra.slices import PoolContent, SlicePlan, plan
+from nicop.node.dra.slices import PoolContent, SlicePlan, plan, without_taints
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,7 @@ class SlicePublisher:
         self.resync = resync
         self.published = asyncio.Event()
         """Set once the pool has been written (or found right) the first time."""
+        self.taints = True  # whether the API server keeps device taints
 
     async def sync(self, content: PoolContent) -> SlicePlan:
         """One round: read the pool, write what differs from `content`."""
@@ -42,17 +45,29 @@ class SlicePublisher:
         current, _ = await self.client.list(
             RESOURCE_SLICE,
             field_selector=f"spec.nodeName={self.node_name},spec.driver={self.driver}")
+        if not self.taints:
+            content = without_taints(content)
         writes = plan(self.driver, self.node_name, content, current, owner=node)
         for obj in writes.create:
-            await self.client.create(obj, res=RESOURCE_SLICE)
+            self._check_taints(obj, await self.client.create(obj, res=RESOURCE_SLICE))
         for obj in writes.update:
-            await self.client.update(obj)
+            self._check_taints(obj, await self.client.update(obj))
         for name in writes.delete:
             await self.client.delete(RESOURCE_SLICE, name)
         if not writes.noop:
             log.info("%s: node %s publishes %d devices (pool generation %d)", self.driver,
                      self.node_name, len(content.devices), writes.generation)
         return writes
+
+    def _check_taints(self, sent: dict[str, Any], stored: dict[str, Any]) -> None:
+        def tainted(obj: dict[str, Any]) -> bool:
+            return any(d.get("taints") for d in obj["spec"].get("devices") or [])
+
+        if self.taints and tainted(sent) and not tainted(stored):
+            self.taints = False
+            log.warning("%s: the API server drops device taints (feature gate DRADeviceTaints "
+                        "off): devices whose link is down are published without them",
+                        self.driver)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until `stop`: publish on every change of the devices, and check every `resync`."""

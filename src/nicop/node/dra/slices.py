@@ -169,6 +169,11 @@ def _with_taint_times(content: PoolContent, ours: Sequence[Mapping[str, Any]]) -
     return PoolContent(devices, content.counter_sets)
 
 
+def without_taints(content: PoolContent) -> PoolContent:
+    return PoolContent([{k: v for k, v in d.items() if k != "taints"} for d in content.devices],
+                       content.counter_sets)
+
+
 def _taint_key(device: str, taint: Mapping[str, Any]) -> tuple[Any, ...]:
     return device, taint.get("key"), taint.get("value"), taint.get("effect")
 
