@@ -18,7 +18,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nicop.api import dra
 from nicop.kube.resources import quantity
 
 Obj = dict[str, Any]
@@ -242,16 +241,7 @@ def _taint_note(devices: list[tuple[str, str, Obj]], request: Request) -> str:
     """Names the devices the request's tolerations keep it off, with their taints."""
     tainted = [f"{d['name']} tainted {', '.join(taints)}" for drv, pool, d in devices
                if _passes(request, d, drv) and (taints := untolerated(d, request.tolerations))]
-    if not tainted:
-        return ""
-    meanings = [text for key, text in TAINT_MEANINGS.items()
-                if any(f" {key}=" in f" {t}" for t in tainted)]
-    return f" ({'; '.join(sorted(tainted) + meanings)})"
-
-
-# What nicop's own taints mean, for the note above.
-TAINT_MEANINGS = {dra.TAINT_LINK_DOWN: f"{dra.TAINT_LINK_DOWN}: the port's link is down "
-                  "(cable, switch port or subnet manager); the taint goes when it is up"}
+    return f" ({'; '.join(sorted(tainted))})" if tainted else ""
 
 
 def _constraint_problem(constraints: list[Obj], requests: list[Request],

@@ -21,8 +21,8 @@ from rich.text import Text
 
 from nicop import claims
 from nicop import status as st
+from nicop.api import dra, upgrade
 from nicop.api import nodes as node_rules
-from nicop.api import upgrade
 from nicop.api.labels import (
     DRIVER_CONTAINER,
     LEASE_NAME,
@@ -869,6 +869,8 @@ def _unallocated_claim_check(snap: Snapshot, subject: str, name: str, spec: Obj,
                      f"no node publishes DRA devices ({asked}): no ResourceSlice exists",
                      "check that the DRA drivers run on the nodes (kubectl get resourceslices)")
     shown = "; ".join(f"node {n.node}: {n.why}" for n in nodes[:5])
+    shown += "".join(f"; {key}: {meaning}" for key, meaning in dra.TAINT_MEANINGS.items()
+                     if f"tainted {key}=" in shown)
     return Check(subject, name, "fail",
                  f"no node can satisfy it ({asked}){note}: {shown}",
                  "wait for pods holding these devices to finish (kubectl get resourceclaims -A),"

@@ -24,6 +24,9 @@ VF_CLASS = f"vf.{DRIVER}"
 STANDARD_DOMAIN = "resource.kubernetes.io"
 PCIE_ROOT = f"{STANDARD_DOMAIN}/pcieRoot"  # "pci0000:15"
 PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"  # "0000:18:00.0"
+# The NUMA node, standard for comparing across drivers (as dra-driver-sriov, CPU and memory
+# drivers publish it): int, left out where the firmware gives none.
+STANDARD_NUMA_NODE = f"{STANDARD_DOMAIN}/numaNode"
 
 # The driver's own attributes. A ResourceSlice names them without domain (the driver's domain
 # is implied); CEL reads them as device.attributes["rdma.nicop.io"].<name>.
@@ -52,6 +55,9 @@ KIND_PF, KIND_VF = "pf", "vf"
 # the key.
 TAINT_LINK_DOWN = f"{DRIVER}/link-down"
 TAINT_NO_SCHEDULE = "NoSchedule"
+# What each taint means, and what makes it go, as `nicop diagnose` explains it.
+TAINT_MEANINGS = {TAINT_LINK_DOWN: "the port's link is down (cable, switch port or subnet "
+                                   "manager); the taint goes when it is up"}
 
 # Where the plugin meets the kubelet and the container runtime, on the node (its DaemonSet
 # mounts them): its socket under the plugins directory, its registration socket, CDI specs.

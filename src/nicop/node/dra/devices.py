@@ -136,6 +136,7 @@ def _device(
         dra.PCI_BUS_ID: fn.address,
         dra.PCIE_ROOT: pcie_root(host, fn.address),
         dra.NUMA_NODE: fn.numa_node,
+        dra.STANDARD_NUMA_NODE: fn.numa_node if fn.numa_node >= 0 else None,
         dra.VENDOR_ID: fn.vendor,
         dra.DEVICE_ID: fn.device,
         dra.LINK_TYPE: link_type,
