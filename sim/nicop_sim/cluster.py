@@ -654,7 +654,26 @@ class LocalCluster:
                 )
             time.sleep(0.2)
         progress(f"{len(names)} nodes Ready ({time.monotonic() - t:.1f}s)")
+        if any(p.gpus for p in profiles):
+            self._install_gpu_device_class(client)
         return names
+
+    def _install_gpu_device_class(self, client: Any) -> None:
+        """What the NVIDIA GPU DRA driver's chart installs beside the driver that the plugin
+        pods play on nodes with simulated GPUs: its DeviceClass `gpu.nvidia.com`, so claims that
+        pair a GPU with a NIC (examples/dra/gpu-and-nic.yaml) can be allocated."""
+        from lightkube.core.exceptions import ApiError
+        from lightkube.generic_resource import create_global_resource
+
+        from nicop_sim.gpu_dra import gpu_device_class
+
+        device_class = create_global_resource("resource.k8s.io", "v1", "DeviceClass",
+                                              "deviceclasses")
+        try:
+            client.create(device_class(**gpu_device_class()))
+        except ApiError as e:
+            if e.status.code != 409:
+                raise
 
     # ----------------------------------------------------------------- real nodes
     def real_node(self, name: str) -> realnode.RealNode:

@@ -40,7 +40,7 @@ from tests.integration.test_operator_node_policy import nnp_status, pod_nodes
 
 from nicop.api import dra
 from nicop.kube.client import ApiClient
-from nicop.kube.resources import DEVICE_CLASS, POD
+from nicop.kube.resources import POD
 from nicop.operator.states.base import name_hash
 from nicop_sim import gpu_dra
 from nicop_sim.cluster import LocalCluster
@@ -249,7 +249,8 @@ def test_eight_gpu_nic_pairs_on_the_dgx_share_their_pcie_root_and_a_ninth_waits(
     are scheduled to the DGX, each pair on one root, no NIC or GPU twice; the 9th stays Pending,
     unschedulable, and `nicop diagnose pod` says that no GPU or NIC of the DGX is free; `nicop
     status` counts them. The GPUs are published by the plugin pod too (the simulated NVIDIA GPU
-    driver); their DeviceClass is applied as the GPU driver's chart does."""
+    driver); the local cluster installed their DeviceClass, as the GPU driver's chart does."""
+    assert gpu_dra.GPU_CLASS in classes(client)
     published = [s.to_dict() if hasattr(s, "to_dict") else dict(s)
                  for s in client.list(ResourceSlice)]
     roots = {d["name"]: d["attributes"][dra.PCIE_ROOT]["string"]
@@ -262,7 +263,6 @@ def test_eight_gpu_nic_pairs_on_the_dgx_share_their_pcie_root_and_a_ninth_waits(
 
     async def main() -> None:
         api = ApiClient(kubeconfig)
-        await api.apply(gpu_dra.gpu_device_class(), res=DEVICE_CLASS)
         try:
             await trainers(api)
         finally:
@@ -270,7 +270,6 @@ def test_eight_gpu_nic_pairs_on_the_dgx_share_their_pcie_root_and_a_ninth_waits(
             for pod in items:
                 await api.delete(POD, pod["metadata"]["name"], namespace, grace_seconds=0)
             await api.delete(CLAIM_TEMPLATE, "gpu-nic", namespace)
-            await api.delete(DEVICE_CLASS, gpu_dra.GPU_CLASS)
             await api.close()
 
     async def trainers(api: ApiClient) -> None:
