@@ -27,6 +27,7 @@ from lightkube.generic_resource import create_global_resource, create_namespaced
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
+from lightkube.types import PatchType
 from tests.integration.agent_loop import agents, allocatable, delete
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
 from tests.integration.test_dra_alignment import (
@@ -39,6 +40,7 @@ from tests.integration.test_dra_alignment import (
 from tests.integration.test_operator_node_policy import nnp_status, pod_nodes
 
 from nicop.api import dra
+from nicop.api.labels import MOFED_WAIT_LABEL
 from nicop.kube.client import ApiClient
 from nicop.kube.resources import POD
 from nicop.operator.states.base import name_hash
@@ -483,6 +485,61 @@ def test_a_pf_whose_link_goes_down_is_tainted_and_a_claim_only_it_could_serve_wa
         assert result["device"] == device
     finally:
         delete(client, Pod, "down-pf-user", namespace)
+
+
+def test_while_the_driver_container_is_not_ready_the_nics_stay_published_and_tainted(
+    client: Client, cluster: LocalCluster, deployed: None
+) -> None:
+    """The DGX's driver container stops being Ready (its readiness probe failing, as while the
+    driver reloads): the operator sets mofed.wait "true" on the node, the DRA plugin pod stays
+    (the device plugins' pods would leave), and its NICs stay in the slice under the same names,
+    each tainted rdma.nicop.io/driver-not-ready; the driver Ready again, the taints go."""
+    def driver_pod() -> Pod:
+        [pod] = [p for p in client.list(Pod, namespace=NAMESPACE)
+                 if p.spec.nodeName == DRA_NODE and "doca-driver" in p.spec.containers[0].image]
+        return pod
+
+    def nics() -> dict[str, list[str]]:
+        return {d["name"]: [t["key"] for t in d.get("taints") or []]
+                for s in client.list(ResourceSlice)
+                if s["spec"]["driver"] == dra.DRIVER and s["spec"]["nodeName"] == DRA_NODE
+                for d in s["spec"].get("devices") or []}
+
+    def plugin_pods() -> set[str]:
+        return {p.metadata.uid for p in client.list(Pod, namespace=NAMESPACE)
+                if p.spec.nodeName == DRA_NODE and p.metadata.name.startswith(DRA_DS)}
+
+    def set_ready(ready: bool) -> None:
+        pod = driver_pod()
+        status = pod.status.to_dict()
+        for c in status["conditions"]:
+            if c["type"] in ("Ready", "ContainersReady"):
+                c["status"] = "True" if ready else "False"
+        for c in status["containerStatuses"]:
+            c["ready"] = ready
+        client.patch(Pod.Status, pod.metadata.name, {"status": {
+            "conditions": status["conditions"],
+            "containerStatuses": status["containerStatuses"]}},
+            namespace=NAMESPACE, patch_type=PatchType.MERGE)
+
+    def mofed_wait() -> str | None:
+        return (client.get(Node, DRA_NODE).metadata.labels or {}).get(MOFED_WAIT_LABEL)
+
+    before, plugin = nics(), plugin_pods()
+    assert len(before) == PAIRS and not any(before.values()) and len(plugin) == 1
+    set_ready(False)
+    try:
+        wait_for(lambda: mofed_wait() == "true", 30, "the operator's mofed.wait=true")
+        waiting = time.monotonic()
+        wait_for(lambda: nics() == {name: [dra.TAINT_DRIVER_NOT_READY] for name in before},
+                 30, "every NIC of the node tainted driver-not-ready")
+        print(f"\nmofed.wait true to NICs tainted: {time.monotonic() - waiting:.2f}s")
+        assert plugin_pods() == plugin, "the DRA plugin's pod stays through a driver reload"
+    finally:
+        set_ready(True)
+    wait_for(lambda: mofed_wait() == "false", 30, "the operator's mofed.wait=false")
+    wait_for(lambda: nics() == before, 30, "the taints gone with the driver Ready")
+    assert plugin_pods() == plugin
 
 
 def _allocation(client: Client, pod: Pod, namespace: str) -> list[dict[str, Any]]:

@@ -159,13 +159,15 @@ def test_the_cni_daemon_installs_the_plugins_networks_use() -> None:
 
 def test_the_dra_driver_runs_nicops_plugin_beside_the_kubelet_with_its_device_classes() -> None:
     """`draDriver: {}` (examples/nicclusterpolicy-dra.yaml): one DaemonSet running `nicop
-    dra-plugin` from the operator's image after the driver, with the kubelet's plugin
+    dra-plugin` from the operator's image, not waiting for the driver (it taints the NICs while
+    the driver is not ready, so it watches its Node), with the kubelet's plugin
     directories and the CDI directory of the node mounted at the same paths (the kubelet dials
     the socket path the plugin reports), RBAC for its slices and claims, and both
     DeviceClasses; in a NicNodePolicy the DaemonSet is named by the policy's hash."""
     from nicop.api import dra
+    from nicop.api.labels import MOFED_WAIT_LABEL
     from nicop.operator.states import dra_driver
-    from nicop.operator.states.base import AFTER_DRIVER, name_hash
+    from nicop.operator.states.base import name_hash
 
     spec = yaml.safe_load((ROOT / "examples/nicclusterpolicy-dra.yaml").read_text())["spec"]
     objects = dra_driver.render(ctx(spec), spec["draDriver"], "spec.draDriver")
@@ -178,7 +180,7 @@ def test_the_dra_driver_runs_nicops_plugin_beside_the_kubelet_with_its_device_cl
     assert plugin["readinessProbe"]["exec"]["command"] == READY_PROBE
     assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} \
         in plugin["env"]
-    assert pod["nodeSelector"].items() >= AFTER_DRIVER.items()
+    assert MOFED_WAIT_LABEL not in (pod.get("nodeSelector") or {})
     assert pod["serviceAccountName"] == "nicop-dra-driver"
     mounts = {m["mountPath"] for m in plugin["volumeMounts"]}
     assert {dra.PLUGINS_DIR, dra.REGISTRY_DIR, dra.CDI_DIR} <= mounts
@@ -187,7 +189,7 @@ def test_the_dra_driver_runs_nicops_plugin_beside_the_kubelet_with_its_device_cl
     [role] = [o for o in objects if o["kind"] == "ClusterRole"]
     granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
     assert {("resourceslices", "create"), ("resourceslices", "delete"),
-            ("resourceclaims", "get"), ("nodes", "get")} <= granted
+            ("resourceclaims", "get"), ("nodes", "get"), ("nodes", "watch")} <= granted
     classes = {o["metadata"]["name"]: o for o in objects if o["kind"] == "DeviceClass"}
     assert set(classes) == {dra.PF_CLASS, dra.VF_CLASS}
     assert classes[dra.VF_CLASS]["spec"] == dra.device_class(dra.VF_CLASS, dra.KIND_VF)["spec"]

@@ -54,10 +54,15 @@ KIND_PF, KIND_VF = "pf", "vf"
 # turn a short outage into lost training steps. A claim that wants the device anyway tolerates
 # the key.
 TAINT_LINK_DOWN = f"{DRIVER}/link-down"
+TAINT_DRIVER_NOT_READY = f"{DRIVER}/driver-not-ready"
 TAINT_NO_SCHEDULE = "NoSchedule"
 # What each taint means, and what makes it go, as `nicop diagnose` explains it.
-TAINT_MEANINGS = {TAINT_LINK_DOWN: "the port's link is down (cable, switch port or subnet "
-                                   "manager); the taint goes when it is up"}
+TAINT_MEANINGS = {
+    TAINT_LINK_DOWN: "the port's link is down (cable, switch port or subnet manager); the taint "
+                     "goes when it is up",
+    TAINT_DRIVER_NOT_READY: "the node's NIC driver is being loaded or upgraded (its driver "
+                            "container is not Ready); the taint goes when it is",
+}
 
 # Where the plugin meets the kubelet and the container runtime, on the node (its DaemonSet
 # mounts them): its socket under the plugins directory, its registration socket, CDI specs.

@@ -236,7 +236,9 @@ def dra_plugin(
     """Publish this node's RDMA NICs and VFs as DRA devices (driver rdma.nicop.io): one
     ResourceSlice pool per node, rescanned as the device plugins do; removed when it stops.
     Serves the kubelet's DRA plugin API (registration in /var/lib/kubelet/plugins_registry),
-    preparing allocated claims as CDI specs in /var/run/cdi. On a simulated node (nicop-sim's
+    preparing allocated claims as CDI specs in /var/run/cdi. While the node's NIC driver is
+    not ready (its mofed.wait label "true") the NICs stay published, tainted
+    rdma.nicop.io/driver-not-ready. On a simulated node (nicop-sim's
     platform) the node's simulated GPUs are published too, as the NVIDIA GPU DRA driver
     (gpu.nvidia.com) would, so GPU-NIC claims can be tried.
 
@@ -248,6 +250,7 @@ def dra_plugin(
     from nicop.kube.client import ApiClient
     from nicop.node import discovery
     from nicop.node.dra.devices import node_pool
+    from nicop.node.dra.driver_state import DriverWatch, held_while_reloading
     from nicop.node.dra.plugin import DraPlugin
     from nicop.node.dra.publisher import PoolSource, SlicePublisher
     from nicop.node.readiness import Readiness
@@ -261,9 +264,12 @@ def dra_plugin(
 
     async def main(stop: asyncio.Event) -> None:
         client = ApiClient(kubeconfig)
-        publishers = [SlicePublisher(client, driver, node_name, source,
-                                     interval=poll_interval)
-                      for driver, source in sources.items()]
+        driver = DriverWatch(client, node_name)
+        sources[dra.DRIVER] = held_while_reloading(sources[dra.DRIVER], driver)
+        watching = asyncio.create_task(driver.run())
+        await driver.informer.synced.wait()
+        publishers = [SlicePublisher(client, name, node_name, source, interval=poll_interval)
+                      for name, source in sources.items()]
         plugin = DraPlugin(client, node_name, host)
         readiness = Readiness()
 
@@ -277,6 +283,7 @@ def dra_plugin(
             await asyncio.gather(*(p.run(stop) for p in publishers))
         finally:
             marking.cancel()
+            watching.cancel()
             readiness.clear()
             await plugin.stop()
             for publisher in publishers:

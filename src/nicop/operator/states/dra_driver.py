@@ -2,8 +2,10 @@
 
 Upstream has no such component; the section is nicop's own. The plugin publishes the node's
 RDMA NICs and VFs as ResourceSlices and prepares the claims the kubelet hands it, so its
-DaemonSet mounts the kubelet's plugin directories and the CDI directory, and starts where the
-driver is ready, as the device plugins do.
+DaemonSet mounts the kubelet's plugin directories and the CDI directory. Unlike the device
+plugins it does not wait for the driver (mofed.wait "false"): a driver reload would take its pod,
+and the node's whole pool, away; it stays and taints the node's NICs while the driver is not
+ready (nicop.node.dra.driver_state), which it reads from its Node.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from nicop.api.agents import METRICS_PORTS
 from nicop.api.labels import OWNER_LABEL
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
-    AFTER_DRIVER,
     EVENTS_RULE,
     Context,
     State,
@@ -35,7 +36,7 @@ RULES: list[Obj] = [
      "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
     {"apiGroups": [RESOURCE_GROUP], "resources": ["resourceclaims"],
      "verbs": ["get", "list", "watch"]},
-    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
     EVENTS_RULE,
 ]
 HOST_DIRS = {"plugins": dra.PLUGINS_DIR, "plugins-registry": dra.REGISTRY_DIR, "cdi": dra.CDI_DIR,
@@ -62,7 +63,7 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
         service_account(ctx, NAME),
         *cluster_rbac(ctx, NAME, RULES),
         daemonset(ctx, f"{NAME}-ds{ctx.name_hash_suffix}", spec, [plugin], app=app,
-                  node_selector=AFTER_DRIVER, volumes=volumes, service_account_name=NAME,
+                  volumes=volumes, service_account_name=NAME,
                   pod_labels={OWNER_LABEL: ctx.owner}),
         *classes,
     ]
