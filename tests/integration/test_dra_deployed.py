@@ -376,6 +376,20 @@ def test_vfs_the_sriov_policy_creates_are_claimable_and_leave_the_slice_when_the
         by_name = {d["name"]: d for d in vfs_published()}
         assert len(taken) == 2 and taken <= set(by_name)
         assert {by_name[d]["attributes"][dra.PF_NAME]["string"] for d in taken} == {SRIOV_PF_NAME}
+        # Prepared: the claim's status.devices names each VF's interface and MAC as the node has
+        # them, written by the plugin pod under its own node-bound, driver-scoped rights.
+        wait_for(lambda: prepared(client, "vf-user", namespace), 60, "the VFs prepared")
+        reported = wait_for(lambda: _device_status(client, pod(), namespace), 30,
+                            "the claim's device status")
+        root = cluster.node_root(DRA_NODE)
+        assert {r["device"] for r in reported} == taken
+        for entry in reported:
+            netdev = by_name[entry["device"]]["attributes"][dra.NETDEV]["string"]
+            mac = (root / f"sys/class/net/{netdev}/address").read_text().strip()
+            assert entry["networkData"] == {"interfaceName": netdev, "hardwareAddress": mac}
+            [ready] = entry["conditions"]
+            assert (ready["type"], ready["status"], ready["reason"]) == (
+                "Ready", "True", "Prepared")
 
         create(kubeconfig, *pf_user(namespace))
         wait_for(lambda: any(c.reason == "Unschedulable" for c in client.get(
@@ -540,6 +554,13 @@ def test_while_the_driver_container_is_not_ready_the_nics_stay_published_and_tai
     wait_for(lambda: mofed_wait() == "false", 30, "the operator's mofed.wait=false")
     wait_for(lambda: nics() == before, 30, "the taints gone with the driver Ready")
     assert plugin_pods() == plugin
+
+
+def _device_status(client: Client, pod: Pod, namespace: str) -> list[dict[str, Any]]:
+    [status] = pod.status.resourceClaimStatuses
+    claim = client.get(ResourceClaim, status.resourceClaimName, namespace=namespace)
+    return [d for d in (claim.get("status") or {}).get("devices") or []
+            if d["driver"] == dra.DRIVER]
 
 
 def _allocation(client: Client, pod: Pod, namespace: str) -> list[dict[str, Any]]:

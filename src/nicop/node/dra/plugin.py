@@ -8,6 +8,12 @@ its `/dev/infiniband` nodes and rdma_cm, the environment the SR-IOV device plugi
 into the pod's network namespace by CDI-aware runtimes). The kubelet passes the returned CDI
 IDs to the runtime.
 
+Once prepared, each device's status goes into the claim's `status.devices` (KEP-4817): a Ready
+condition, and for a VF the `networkData` of the interface the pod gets (its name and MAC; the
+pod's addresses are the CNI's, not the driver's). Writing it needs `resourceclaims/status` and
+the node-bound `associated-node:patch` of `resourceclaims/driver` for this driver; a cluster that
+refuses it keeps the claim prepared, with a warning.
+
 What was prepared is kept in a checkpoint file beside the sockets, so a repeated call answers
 the same without reading the API, and a restarted plugin still knows what to undo.
 """
@@ -28,6 +34,7 @@ from grpc import aio
 from nicop.api import dra
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.resources import RESOURCE_CLAIM
+from nicop.kube.times import stamp
 from nicop.node import discovery
 from nicop.node.dra import dra_pb2 as pb
 from nicop.node.dra import registration_pb2 as reg
@@ -174,12 +181,44 @@ class DraPlugin:
         if spec_devices:
             self._write_spec(claim.uid, {"cdiVersion": CDI_VERSION, "kind": CDI_KIND,
                                          "devices": spec_devices})
+            await self._report(obj, [(r, by_name[r["device"]]) for r in results])
         self._prepared[claim.uid] = {"namespace": claim.namespace, "name": claim.name,
                                      "devices": answer}
         self._save()
         log.info("%s: prepared claim %s/%s: %s", dra.DRIVER, claim.namespace, claim.name,
                  ", ".join(d["device_name"] for d in answer) or "no device of this driver")
         return answer
+
+    async def _report(self, claim: dict[str, Any],
+                      prepared: list[tuple[dict[str, Any], discovery.PciFunction]]) -> None:
+        """The prepared devices' status in the claim (server-side apply of this driver's
+        entries only: other drivers' stay theirs)."""
+        now = stamp()
+        devices = []
+        for result, fn in prepared:
+            entry: dict[str, Any] = {
+                "driver": dra.DRIVER, "pool": self.node_name, "device": result["device"],
+                "conditions": [{"type": "Ready", "status": "True", "reason": "Prepared",
+                                "message": f"prepared on node {self.node_name}",
+                                "lastTransitionTime": now}]}
+            if result.get("shareID"):
+                entry["shareID"] = result["shareID"]
+            if fn.pf is not None and fn.netdev is not None:
+                network = {"interfaceName": fn.netdev.name}
+                mac = self.host.read(f"/sys/class/net/{fn.netdev.name}/address")
+                if mac:
+                    network["hardwareAddress"] = mac
+                entry["networkData"] = network
+            devices.append(entry)
+        meta = claim["metadata"]
+        try:
+            await self.client.apply({
+                "apiVersion": dra.RESOURCE_API, "kind": "ResourceClaim",
+                "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+                "status": {"devices": devices}}, subresource="status", res=RESOURCE_CLAIM)
+        except ApiError as e:
+            log.warning("%s: claim %s/%s prepared, but its device status not written: %s",
+                        dra.DRIVER, meta["namespace"], meta["name"], e)
 
     async def unprepare(self, request: pb.NodeUnprepareResourcesRequest,
                         context: Any) -> pb.NodeUnprepareResourcesResponse:

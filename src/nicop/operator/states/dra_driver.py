@@ -36,6 +36,12 @@ RULES: list[Obj] = [
      "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
     {"apiGroups": [RESOURCE_GROUP], "resources": ["resourceclaims"],
      "verbs": ["get", "list", "watch"]},
+    # The prepared devices' status.devices: only this driver's entries, only on its own node
+    # (Kubernetes 1.36's granular status authorization).
+    {"apiGroups": [RESOURCE_GROUP], "resources": ["resourceclaims/status"],
+     "verbs": ["get", "patch"]},
+    {"apiGroups": [RESOURCE_GROUP], "resources": ["resourceclaims/driver"],
+     "resourceNames": [dra.DRIVER], "verbs": ["associated-node:patch"]},
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
     EVENTS_RULE,
 ]
