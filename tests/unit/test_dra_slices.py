@@ -175,3 +175,27 @@ def test_a_dgx_nodes_nic_and_gpu_slices(tmp_path: Path) -> None:
         return sorted(d["attributes"][dra.PCIE_ROOT]["string"] for d in s["spec"]["devices"])
 
     assert roots(nic_slice) == roots(gpu_slice) and len(set(roots(nic_slice))) == 8
+
+
+def test_while_the_driver_reloads_the_devices_last_seen_stay_published_tainted() -> None:
+    """The driver unloaded takes the RDMA devices (and VFs) out of a scan; the plugin keeps
+    publishing what it saw with the driver up, each device tainted driver-not-ready, and the
+    scan again once the driver is back."""
+    from nicop.node.dra.driver_state import held_while_reloading
+
+    class Watch:  # what DriverWatch reads from the node's mofed.wait label
+        node_name = "node-1"
+        reloading = False
+
+    scans = iter([[device(1), device(2)], [device(1)], [], [device(3)]])
+    watch = Watch()
+    read = held_while_reloading(lambda: PoolContent(next(scans)), watch)
+    assert read() == PoolContent([device(1), device(2)])
+    watch.reloading = True
+    taint = {"key": "rdma.nicop.io/driver-not-ready", "value": "node-1", "effect": "NoSchedule"}
+    for _ in range(2):  # the scan loses devices while the driver is down: the last ones stay
+        held = read()
+        assert [d["name"] for d in held.devices] == ["vf-0001", "vf-0002"]
+        assert all(d["taints"] == [taint] for d in held.devices)
+    watch.reloading = False
+    assert read() == PoolContent([device(3)])
