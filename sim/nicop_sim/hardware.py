@@ -200,6 +200,8 @@ VDPA_DEVICES = "/sys/bus/vdpa/devices"
 VDPA_DRIVERS = "/sys/bus/vdpa/drivers"
 IB_CORE_NETNS_MODE = "/sys/module/ib_core/parameters/netns_mode"
 DDPTOOL_NO_PROFILE = 8  # ddptool's exit code for an Intel device that runs no DDP profile
+GID_TABLE_LENGTH = 128
+ZERO_GID = ":".join(["0000"] * 8)
 NUMA_CPUS = ("0-55,112-167", "56-111,168-223")  # a 2-socket Xeon 8480C, as on a DGX H100
 ARPHRD_ETHER, ARPHRD_INFINIBAND = 1, 32
 PF_DRIVER = "mlx5_core"
@@ -838,9 +840,15 @@ class SimulatedHost(Host):
             ("gids/0", f"fe80:0000:0000:0000:{guid}"),
         ):
             self._file(f"{port}/{attr}", value)
+        # The rest of the port's GID table, empty entries reading as zeros (mlx5: 128 on
+        # these ports); on RoCE the link-local address fills entry 0 (v1) and 1 (v2).
+        for index in range(1, GID_TABLE_LENGTH):
+            self._file(f"{port}/gids/{index}", ZERO_GID)
         if not is_ib and netdev:
-            self._file(f"{port}/gid_attrs/ndevs/0", netdev)
-            self._file(f"{port}/gid_attrs/types/0", "IB/RoCE v1")
+            self._file(f"{port}/gids/1", f"fe80:0000:0000:0000:{guid}")
+            for index, kind in ((0, "IB/RoCE v1"), (1, "RoCE v2")):
+                self._file(f"{port}/gid_attrs/ndevs/{index}", netdev)
+                self._file(f"{port}/gid_attrs/types/{index}", kind)
         self._link(f"{ib}/device", dev)
         self._link(f"{CLASS_IB}/{name}", ib)
         verbs = _lowest_free({int(n[6:]) for n in self.listdir(CLASS_VERBS) if n[6:].isdigit()})

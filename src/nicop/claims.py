@@ -36,6 +36,7 @@ class Request:
     count: int
     tests: list[str] = field(default_factory=list)  # CEL clauses to evaluate
     tolerations: list[Obj] = field(default_factory=list)
+    capacity: dict[str, Any] = field(default_factory=dict)  # capacity.requests
 
 
 @dataclass
@@ -66,7 +67,8 @@ def requests_of(spec: Obj, classes: dict[str, Obj]) -> tuple[list[Request], list
             tests += _clauses(selector)
         unknown += [t for t in tests if _evaluate(t, {}, "") is None]
         out.append(Request(request["name"], class_name, count, tests,
-                           list(choice.get("tolerations") or [])))
+                           list(choice.get("tolerations") or []),
+                           dict((choice.get("capacity") or {}).get("requests") or {})))
     return out, unknown
 
 
@@ -112,6 +114,32 @@ def allocated(claims: Iterable[Obj]) -> set[tuple[str, str, str]]:
                    ).get("results") or []
         taken |= {(r.get("driver", ""), r.get("pool", ""), r.get("device", "")) for r in results}
     return taken
+
+
+def consumed(claims: Iterable[Obj]) -> dict[tuple[str, str, str], dict[str, int]]:
+    """(driver, pool, device) -> capacity name -> what the claims holding it consume, for the
+    devices many claims share (allowMultipleAllocations)."""
+    used: dict[tuple[str, str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for claim in claims:
+        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
+                   ).get("results") or []
+        for r in results:
+            for name, amount in (r.get("consumedCapacity") or {}).items():
+                used[r.get("driver", ""), r.get("pool", ""), r.get("device", "")][name] += \
+                    quantity(amount)
+    return used
+
+
+def room(device: Obj, used: dict[str, int], request: Request) -> list[str]:
+    """What a shared device lacks for one more of `request` (`pods: 63 of 63 taken`)."""
+    short = []
+    for name, cap in (device.get("capacity") or {}).items():
+        total = quantity(cap.get("value"))
+        want = quantity(request.capacity.get(name) or (cap.get("requestPolicy") or {}).get(
+            "default") or cap.get("value"))
+        if used.get(name, 0) + want > total:
+            short.append(f"{name}: {used.get(name, 0)} of {total} taken")
+    return short
 
 
 def _pool_of(s: Obj) -> tuple[str, str, int]:
@@ -181,9 +209,19 @@ def fits(spec: Obj, classes: dict[str, Obj], slices: Iterable[Obj],
     claim's matchAttribute constraints) can be met there; and the CEL not evaluated."""
     requests, unknown = requests_of(spec, classes)
     slices = list(slices)
+    claims = list(claims)
     taken = allocated(claims)
+    used = consumed(claims)
     shared = held_by_others(slices, taken)
     taken |= shared
+
+    def available(driver: str, pool: str, device: Obj, request: Request) -> bool:
+        if untolerated(device, request.tolerations):
+            return False
+        if device.get("allowMultipleAllocations"):
+            return not room(device, used.get((driver, pool, device["name"]), {}), request)
+        return (driver, pool, device["name"]) not in taken
+
     constraints = [c for c in (spec.get("devices") or {}).get("constraints") or []
                    if c.get("matchAttribute")]
     result = []
@@ -191,15 +229,14 @@ def fits(spec: Obj, classes: dict[str, Obj], slices: Iterable[Obj],
         matching = {r.name: [(drv, d) for drv, pool, d in devices if _passes(r, d, drv)]
                     for r in requests}
         free = {r.name: [(drv, d) for drv, pool, d in devices if _passes(r, d, drv)
-                         and (drv, pool, d["name"]) not in taken
-                         and not untolerated(d, r.tolerations)] for r in requests}
+                         and available(drv, pool, d, r)] for r in requests}
         short = [r for r in requests if len(free[r.name]) < max(r.count, 1)]
         why = ""
         if short:
             why = "; ".join(f"{r.name}: {len(free[r.name])} free of {len(matching[r.name])} "
                             f"{r.device_class}, {max(r.count, 1)} wanted"
                             + _shared_note(devices, r, shared) + _taint_note(devices, r)
-                            for r in short)
+                            + _full_note(devices, r, used) for r in short)
         else:
             why = _constraint_problem(constraints, requests, free)
         result.append(NodeFit(node, {k: len(v) for k, v in free.items()},
@@ -242,6 +279,15 @@ def _taint_note(devices: list[tuple[str, str, Obj]], request: Request) -> str:
     tainted = [f"{d['name']} tainted {', '.join(taints)}" for drv, pool, d in devices
                if _passes(request, d, drv) and (taints := untolerated(d, request.tolerations))]
     return f" ({'; '.join(sorted(tainted))})" if tainted else ""
+
+
+def _full_note(devices: list[tuple[str, str, Obj]], request: Request,
+               used: dict[tuple[str, str, str], dict[str, int]]) -> str:
+    """Names the shared devices whose capacity the claims holding them have used up."""
+    full = [f"{d['name']} full, {', '.join(short)}" for drv, pool, d in devices
+            if d.get("allowMultipleAllocations") and _passes(request, d, drv)
+            and (short := room(d, used.get((drv, pool, d["name"]), {}), request))]
+    return f" ({'; '.join(sorted(full))})" if full else ""
 
 
 def _constraint_problem(constraints: list[Obj], requests: list[Request],

@@ -403,7 +403,8 @@ ALLOWED: tuple[tuple[str, str], ...] = (
     # operator/states/dra_driver.py: the DRA driver's DeviceClasses
     *(("policy", f"{v} deviceclasses.resource.k8s.io") for v in ("list", "watch")),
     *(("policy", f"{v} deviceclasses.resource.k8s.io/{name}")
-      for name in ("rdma.nicop.io", "vf.rdma.nicop.io") for v in ("create", "patch", "delete")),
+      for name in ("rdma.nicop.io", "vf.rdma.nicop.io", "shared.rdma.nicop.io")
+      for v in ("create", "patch", "delete")),
     # kube/events.py: Events on cluster-scoped objects go to default, on pools to {ns}
     *(("events", f"{v} events -n {n}") for n in ("default", "{ns}") for v in ("create", "patch")),
     # kube/leader.py

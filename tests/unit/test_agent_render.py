@@ -191,7 +191,7 @@ def test_the_dra_driver_runs_nicops_plugin_beside_the_kubelet_with_its_device_cl
     assert {("resourceslices", "create"), ("resourceslices", "delete"),
             ("resourceclaims", "get"), ("nodes", "get"), ("nodes", "watch")} <= granted
     classes = {o["metadata"]["name"]: o for o in objects if o["kind"] == "DeviceClass"}
-    assert set(classes) == {dra.PF_CLASS, dra.VF_CLASS}
+    assert set(classes) == {dra.PF_CLASS, dra.VF_CLASS, dra.SHARED_CLASS}
     assert classes[dra.VF_CLASS]["spec"] == dra.device_class(dra.VF_CLASS, dra.KIND_VF)["spec"]
 
     node_ctx = ctx({"nodeSelector": {"node-role.kubernetes.io/gpu": ""}})

@@ -183,3 +183,29 @@ def test_a_pf_whose_link_is_down_is_tainted_and_not_free_unless_tolerated(
         {"key": dra.TAINT_LINK_DOWN, "operator": "Exists", "effect": "NoSchedule"}]
     _, [node], _ = claims.fits(claim, classes(), slices(host), [])
     assert node.fits
+
+
+def test_a_shared_port_is_free_until_its_pods_capacity_is_used_up(tmp_path: Path) -> None:
+    """A shared port (allowMultipleAllocations) is free for as long as the claims holding it
+    leave capacity for one more (their allocation results' consumedCapacity); then the reason
+    says it is full and how much is taken."""
+    host = SimulatedHost.build(tmp_path, "cx6dx")
+    pool = node_pool(discovery.scan(host), host, shared=True)
+    shared_slices = build_slices(dra.DRIVER, NODE, pool, 1)
+    claim = {"devices": {"requests": [{"name": "r", "exactly": {
+        "deviceClassName": dra.SHARED_CLASS, "capacity": {"requests": {"pods": "1"}},
+        "selectors": [{"cel": {"expression": (
+            f'device.attributes["{dra.DRIVER}"].{dra.PCI_ADDRESS} == "0000:3b:00.0"')}}]}}]}}
+
+    def holders(count: int) -> list[dict[str, Any]]:
+        return [{"status": {"allocation": {"devices": {"results": [{
+            "request": "r", "driver": dra.DRIVER, "pool": NODE, "device": "shared-0000-3b-00-0",
+            "shareID": f"share-{i}", "consumedCapacity": {"pods": "1"}}]}}}}
+            for i in range(count)]
+
+    _, [node], _ = claims.fits(claim, classes(), shared_slices, holders(62))
+    assert node.fits
+    _, [node], _ = claims.fits(claim, classes(), shared_slices, holders(63))
+    assert not node.fits
+    assert node.why == (f"r: 0 free of 1 {dra.SHARED_CLASS}, 1 wanted (shared-0000-3b-00-0 "
+                        "full, pods: 63 of 63 taken)")

@@ -190,7 +190,7 @@ def selects(device_class: dict[str, Any], driver: str, device: Device) -> bool:
 def test_device_classes_select_pfs_and_vfs_by_the_drivers_own_attribute(tmp_path: Path) -> None:
     host = SimulatedHost.build(tmp_path, "cx6dx")
     host.set_numvfs("enp59s0f0np0", 2)
-    pf_class, vf_class = dra.device_classes(labels={"app": "nicop"})
+    pf_class, vf_class, shared_class = dra.device_classes(labels={"app": "nicop"})
     assert (pf_class["apiVersion"], pf_class["kind"]) == ("resource.k8s.io/v1", "DeviceClass")
     assert (pf_class["metadata"], vf_class["metadata"]["name"]) == (
         {"name": "rdma.nicop.io", "labels": {"app": "nicop"}}, "vf.rdma.nicop.io")
@@ -202,6 +202,30 @@ def test_device_classes_select_pfs_and_vfs_by_the_drivers_own_attribute(tmp_path
     assert [d.name for d in devices if selects(vf_class, dra.DRIVER, d)] == [
         "vf-0000-3b-00-2", "vf-0000-3b-00-3"]
     assert not any(selects(vf_class, "gpu.nvidia.com", d) for d in devices)
+    assert not any(selects(shared_class, dra.DRIVER, d) for d in devices)
+
+
+def test_a_shared_roce_port_takes_63_pods_of_its_128_gid_entries(tmp_path: Path) -> None:
+    """sharedRdma: a port without VFs is one device many claims hold (allowMultipleAllocations),
+    each taking one of its `pods`: 63 on RoCE, whose 128-entry GID table (mlx5) keeps two for
+    the port's link-local address and takes a RoCE v1 and a v2 entry per pod address; a port
+    with VFs stays a PF, and the class of shared ports selects only them."""
+    host = SimulatedHost.build(tmp_path, "cx6dx")
+    host.set_numvfs("enp59s0f0np0", 2)
+    devices = {d.name: d for d in node_devices(scan(host), host, shared=True)}
+    assert sorted(devices) == ["pf-0000-3b-00-0", "shared-0000-3b-00-1", "vf-0000-3b-00-2",
+                               "vf-0000-3b-00-3"]
+    shared = devices["shared-0000-3b-00-1"].to_api()
+    assert shared["allowMultipleAllocations"] is True
+    assert shared["capacity"] == {"pods": {"value": "63", "requestPolicy": {
+        "default": "1", "validValues": ["1"]}}}
+    assert value(devices["shared-0000-3b-00-1"], dra.NETDEV) == "enp59s0f1np1"
+    shared_class = dra.device_class(dra.SHARED_CLASS, dra.KIND_SHARED)
+    assert [n for n, d in devices.items() if selects(shared_class, dra.DRIVER, d)] == [
+        "shared-0000-3b-00-1"]
+    dgx = SimulatedHost.build(tmp_path / "dgx", "dgx")
+    ib = node_devices(scan(dgx), dgx, shared=True)[0].to_api()
+    assert ib["capacity"]["pods"]["value"] == str(dra.IB_SHARED_PODS)
 
 
 @pytest.mark.parametrize("profile", ["bf3", "cx6dx-unlabelled", "cpu"])

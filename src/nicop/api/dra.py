@@ -14,9 +14,10 @@ from typing import Any
 RESOURCE_API = "resource.k8s.io/v1"
 DRIVER = "rdma.nicop.io"
 
-# DeviceClasses: whole physical functions, and SR-IOV virtual functions.
+# DeviceClasses: whole physical functions, SR-IOV virtual functions, and shared ports.
 PF_CLASS = DRIVER
 VF_CLASS = f"vf.{DRIVER}"
+SHARED_CLASS = f"shared.{DRIVER}"
 
 # Kubernetes' standard attributes (k8s.io/dynamic-resource-allocation deviceattribute), shared
 # with other drivers: the NVIDIA GPU driver publishes the same two, so a claim can ask for a GPU
@@ -46,7 +47,17 @@ VF_INDEX = "vfIndex"  # int, VFs only: N of the PF's virtfnN
 FIRMWARE_VERSION = "firmwareVersion"  # version (semver: leading zeros dropped, 22.38.1900)
 DRIVER_VERSION = "driverVersion"  # string, of the NVIDIA driver package ("25.10-1.2.8.0")
 
-KIND_PF, KIND_VF = "pf", "vf"
+KIND_PF, KIND_VF, KIND_SHARED = "pf", "vf", "shared"
+
+# A shared port (draDriver.sharedRdma, what the RDMA shared device plugin gives as one resource):
+# one device per port that many claims hold at once (DRAConsumableCapacity, beta and on since
+# Kubernetes 1.34: allowMultipleAllocations), each taking one of its `pods`. On RoCE each pod's
+# address takes a RoCE v1 and a v2 entry of the port's GID table, whose first two are the
+# port's own link-local address: (GID table length - 2) / 2 pods, 63 of a 128-entry table. On
+# InfiniBand pods share the port's GID, and the number is nicop's: IB_SHARED_PODS.
+POD_CAPACITY = "pods"
+GIDS_PER_POD = 2
+IB_SHARED_PODS = 1000
 
 # Device taints (resource.k8s.io/v1, DRADeviceTaints: beta and on since Kubernetes 1.35): a
 # device that cannot carry traffic now keeps its name and allocations but takes no new claim.
@@ -101,5 +112,6 @@ def device_class(name: str, kind: str, labels: Mapping[str, str] | None = None) 
 
 
 def device_classes(labels: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
-    """Both DeviceClasses of the driver, for the operator to apply (with its own labels)."""
-    return [device_class(PF_CLASS, KIND_PF, labels), device_class(VF_CLASS, KIND_VF, labels)]
+    """The driver's DeviceClasses, for the operator to apply (with its own labels)."""
+    return [device_class(PF_CLASS, KIND_PF, labels), device_class(VF_CLASS, KIND_VF, labels),
+            device_class(SHARED_CLASS, KIND_SHARED, labels)]

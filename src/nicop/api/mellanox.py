@@ -352,13 +352,19 @@ class SpectrumXOperatorSpec(ImageSpec):
 
 class DRADriverSpec(ApiModel):
     """nicop's DRA driver (rdma.nicop.io): RDMA NICs and VFs as Dynamic Resource Allocation
-    devices, and the DeviceClasses `rdma.nicop.io` (PFs) and `vf.rdma.nicop.io` (VFs). It runs
+    devices, and the DeviceClasses `rdma.nicop.io` (PFs), `vf.rdma.nicop.io` (VFs) and
+    `shared.rdma.nicop.io` (shared ports, with sharedRdma). It runs
     nicop's own image, so there is no image to name. nicop only; upstream has no such section."""
 
     image_pull_secrets: list[str] = Field(default=[])
     """Secrets in the operator namespace to pull nicop's image with."""
     container_resources: list[ResourceRequirements] | None = Field(default=None, max_length=1)
     """Compute resources of its one container, `dra-plugin`."""
+    shared_rdma: bool = False
+    """Publish each port without VFs as one shared device (DeviceClass `shared.rdma.nicop.io`)
+    that many claims hold at once, each taking one of its `pods` capacity, instead of a whole
+    PF for one claim: the RDMA shared device plugin's sharing, with a limit the scheduler
+    enforces."""
 
 
 class NicClusterPolicySpec(ApiModel):

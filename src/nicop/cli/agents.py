@@ -230,6 +230,10 @@ def dra_plugin(
     kubeconfig: Kubeconfig = None,
     host_root: HostRoot = Path("/"),
     poll_interval: PollInterval = 1.0,
+    shared_rdma: Annotated[bool, typer.Option(
+        "--shared-rdma", help="Publish each port without VFs as one shared device many claims "
+        "hold, each taking one of its `pods` capacity, instead of a whole PF for one claim.")
+    ] = False,
     log_format: LogFormat = "text",
     metrics_port: MetricsPort = 0,
 ) -> None:
@@ -260,7 +264,7 @@ def dra_plugin(
     machine = platform()
     host = machine.host(host_root)
     sources: dict[str, PoolSource] = dict(machine.extra_dra_pools(host))
-    sources[dra.DRIVER] = lambda: node_pool(discovery.scan(host), host)
+    sources[dra.DRIVER] = lambda: node_pool(discovery.scan(host), host, shared=shared_rdma)
 
     async def main(stop: asyncio.Event) -> None:
         client = ApiClient(kubeconfig)

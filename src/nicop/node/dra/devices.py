@@ -5,6 +5,9 @@ What is published:
 - a PF with an RDMA device, whatever its link state (`linkUp` tells; a claim can require it);
   with its link down it carries the taint `rdma.nicop.io/link-down` (NoSchedule), so new claims
   go elsewhere unless they tolerate it, and it loses the taint when the link is back;
+- with `shared` (draDriver.sharedRdma), a PF without VFs as one shared device instead
+  (`shared-0000-3b-00-0`, kind `shared`): many claims at once, each taking one of its `pods`
+  (see `dra.POD_CAPACITY`);
 - a VF bound to a driver (vfio-pci counts), while its PF's link is up. A VF shares its PF's port,
   so with the PF down it can carry nothing: its device leaves the slice instead of staying
   allocatable with `linkUp: false`, and comes back, under the same name, when the link does.
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nicop.api import dra
@@ -49,12 +52,18 @@ class Device:
     attributes: dict[str, dict[str, Any]]  # {"linkUp": {"bool": True}, ...}
     consumes: tuple[str, int] | None = None  # (counter set, VFs' worth of its PF)
     taints: tuple[dict[str, str], ...] = ()
+    shared_pods: int | None = None  # a shared port: how many claims it takes
 
     def to_api(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name,
                                "attributes": dict(sorted(self.attributes.items()))}
         if self.taints:
             out["taints"] = [dict(t) for t in self.taints]
+        if self.shared_pods is not None:
+            out["allowMultipleAllocations"] = True
+            out["capacity"] = {dra.POD_CAPACITY: {
+                "value": str(self.shared_pods),
+                "requestPolicy": {"default": "1", "validValues": ["1"]}}}
         if self.consumes is not None:
             counter_set, amount = self.consumes
             out["consumesCounters"] = [{"counterSet": counter_set,
@@ -67,9 +76,10 @@ def device_name(kind: str, address: str) -> str:
     return f"{kind}-{address.replace(':', '-').replace('.', '-')}"
 
 
-def node_pool(inv: Inventory, host: Host) -> PoolContent:
+def node_pool(inv: Inventory, host: Host, *, shared: bool = False) -> PoolContent:
     """The node's devices and counter sets, as the node's pool of ResourceSlices holds them."""
-    return PoolContent([d.to_api() for d in node_devices(inv, host)], counter_sets(inv))
+    return PoolContent([d.to_api() for d in node_devices(inv, host, shared=shared)],
+                       counter_sets(inv))
 
 
 def counter_sets(inv: Inventory) -> list[dict[str, Any]]:
@@ -84,8 +94,9 @@ def _mellanox_nic(fn: PciFunction) -> bool:
     return fn.vendor == MELLANOX_VENDOR and fn.base_class == NETWORK_CLASS
 
 
-def node_devices(inv: Inventory, host: Host) -> list[Device]:
-    """The node's devices, ordered by name."""
+def node_devices(inv: Inventory, host: Host, *, shared: bool = False) -> list[Device]:
+    """The node's devices, ordered by name; with `shared`, ports without VFs as shared
+    devices."""
     driver_version = kernel.loaded_version(host)
     result = []
     for fn in inv.functions.values():
@@ -93,7 +104,10 @@ def node_devices(inv: Inventory, host: Host) -> list[Device]:
             continue
         if fn.pf is None:
             if fn.rdma and (fn.num_vfs == 0 or link_up(fn)):
-                result.append(_device(inv, host, fn, None, driver_version))
+                device = _device(inv, host, fn, None, driver_version)
+                if shared and fn.num_vfs == 0:
+                    device = _shared(host, fn, device)
+                result.append(device)
             continue
         pf = inv.functions.get(fn.pf)
         if pf is None or not fn.driver or pf.num_vfs == 0:
@@ -167,6 +181,22 @@ def _device(
         "effect": dra.TAINT_NO_SCHEDULE},)
     return Device(device_name(kind, fn.address), {k: v for k, v in typed.items() if v}, consumes,
                   taints)
+
+
+def _shared(host: Host, fn: PciFunction, pf: Device) -> Device:
+    """The PF's port as a shared device: its attributes, kind `shared`, and pods capacity."""
+    attributes = {**pf.attributes, dra.KIND: {"string": dra.KIND_SHARED}}
+    return replace(pf, name=device_name(dra.KIND_SHARED, fn.address), attributes=attributes,
+                   shared_pods=shared_pods(host, fn))
+
+
+def shared_pods(host: Host, fn: PciFunction) -> int:
+    """How many pods a shared port takes: on RoCE, what its GID table leaves after the port's
+    own two entries, two a pod; on InfiniBand, dra.IB_SHARED_PODS."""
+    if _link_type(fn) == dra.LINK_INFINIBAND or not fn.rdma:
+        return dra.IB_SHARED_PODS
+    gids = host.listdir(f"{PCI_DEVICES}/{fn.address}/infiniband/{fn.rdma[0].name}/ports/1/gids")
+    return max(0, (len(gids) - dra.GIDS_PER_POD) // dra.GIDS_PER_POD)
 
 
 def _typed(name: str, value: Any) -> dict[str, Any]:

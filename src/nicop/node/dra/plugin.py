@@ -153,7 +153,7 @@ class DraPlugin:
             "devices") or {}).get("results") or []
             if r.get("driver") == dra.DRIVER and r.get("pool") == self.node_name]
         inventory = discovery.scan(self.host)
-        by_name = {_device_name(fn): fn for fn in inventory.functions.values()}
+        by_name = {name: fn for fn in inventory.functions.values() for name in _names(fn)}
         pci: dict[str, list[str]] = {}
         for result in results:
             fn = by_name.get(result["device"])
@@ -262,8 +262,11 @@ class PrepareError(Exception):
     """A claim this node cannot prepare; the kubelet retries and reports it on the pod."""
 
 
-def _device_name(fn: discovery.PciFunction) -> str:
-    return device_name(dra.KIND_VF if fn.pf is not None else dra.KIND_PF, fn.address)
+def _names(fn: discovery.PciFunction) -> list[str]:
+    """The device names a function is published under: a VF's; a PF's, or its shared port's."""
+    if fn.pf is not None:
+        return [device_name(dra.KIND_VF, fn.address)]
+    return [device_name(dra.KIND_PF, fn.address), device_name(dra.KIND_SHARED, fn.address)]
 
 
 def _char_devices(fn: discovery.PciFunction, inventory: discovery.Inventory) -> list[str]:

@@ -59,7 +59,8 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
         volumes.append(volume)
         mounts.append(mount)
     node_name = {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
-    plugin = agent_container(ctx, "dra-plugin", spec, [AGENT], mounts=mounts, env=[node_name],
+    command = [AGENT, *(["--shared-rdma"] if spec.get("sharedRdma") else [])]
+    plugin = agent_container(ctx, "dra-plugin", spec, command, mounts=mounts, env=[node_name],
                              metrics_port=METRICS_PORTS[AGENT])
     app = f"{NAME}{ctx.name_suffix}"
     classes = [{**c, "metadata": {**c["metadata"], **metadata(ctx, c["metadata"]["name"],
