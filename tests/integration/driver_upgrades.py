@@ -54,9 +54,16 @@ def upgrade_operator(cluster: LocalCluster, client: Client, log: Path,
     """The operator (`env`: its settings); afterwards no policy, workload, driver pod, cordon or
     upgrade label is left for the next test."""
     proc = OperatorProcess(cluster.kubeconfig, NAMESPACE, log, env=env)
-    proc.wait_ready()
-    yield proc
-    proc.stop()
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:  # also after a failed test: no operator outlives it, the next test starts clean
+        proc.stop()
+        clean_up(client)
+
+
+def clean_up(client: Client) -> None:
+    """No policy, workload, driver pod, cordon or upgrade label left."""
     with contextlib.suppress(ApiError):
         client.delete(NicClusterPolicy, "nic-cluster-policy")
     for d in client.list(Deployment, namespace=WORK):
