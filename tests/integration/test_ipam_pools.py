@@ -281,7 +281,9 @@ def test_node_main_flows(client: Client, kubeconfig: Path, namespace: str,
                 "cidrpool": [{"address": "192.100.0.11/24", "gateway": "192.100.0.1"},
                              {"address": "10.200.0.0/31"}]}
     try:
-        wait_for(lambda: len(daemon.daemon.ipam.pools.known()) == 2, 30, "the node's blocks")
+        pools = daemon.daemon.ipam.pools
+        # Both kinds listed (the IPPools and CIDRPools share names: known() counts 2 of each).
+        wait_for(lambda: pools.synced and len(pools.known()) == 2, 30, "the node's blocks")
         for pool_type, ips in expected.items():
             def call(command: str, t: str = pool_type) -> tuple[int, Any]:
                 return daemon.call(command, "my-pool-1,my-pool-2", "id1", "test-pod", namespace,
