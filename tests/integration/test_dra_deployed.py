@@ -9,6 +9,7 @@ as the kubelet does, and the real kube-scheduler allocates claims from the slice
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -56,6 +57,9 @@ ResourceSlice = create_global_resource("resource.k8s.io", "v1", "ResourceSlice",
 DeviceClass = create_global_resource("resource.k8s.io", "v1", "DeviceClass", "deviceclasses")
 ResourceClaim = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaim",
                                            "resourceclaims")
+ResourceClaimTemplate = create_namespaced_resource("resource.k8s.io", "v1",
+                                                   "ResourceClaimTemplate",
+                                                   "resourceclaimtemplates")
 OperatorConfig = create_namespaced_resource("sriovnetwork.openshift.io", "v1",
                                             "SriovOperatorConfig", "sriovoperatorconfigs")
 SriovPolicy = create_namespaced_resource("sriovnetwork.openshift.io", "v1",
@@ -567,6 +571,78 @@ def _allocation(client: Client, pod: Pod, namespace: str) -> list[dict[str, Any]
     [status] = pod.status.resourceClaimStatuses
     claim = client.get(ResourceClaim, status.resourceClaimName, namespace=namespace)
     return list(claim["status"]["allocation"]["devices"]["results"])
+
+
+def test_64_pods_sharing_one_roce_port_the_64th_waits_until_one_goes(
+    client: Client, kubeconfig: Path, namespace: str, deployed: None
+) -> None:
+    """draDriver.sharedRdma on the GPU nodes' policy, and a ConnectX-6 Dx node joins the GPU
+    node group: its RoCE ports become shared devices of 63 `pods` each (a 128-entry GID table,
+    two entries a pod, two the port's own). 64 pods each claim a share of one port
+    (examples/dra/shared-roce-port.yaml, pinned to the first port): the real scheduler puts 63
+    on it and the 64th waits, Unschedulable; one deleted, the 64th is scheduled."""
+    node, device = "node-3", "shared-0000-3b-00-0"
+    template, user = example("shared-roce-port.yaml", namespace)
+    assert user is not None
+    template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"].append(
+        {"cel": {"expression": (f'device.attributes["{dra.DRIVER}"].{dra.PCI_ADDRESS} == '
+                                '"0000:3b:00.0"')}})
+
+    def shared() -> dict[str, Any] | None:
+        return next((d for s in client.list(ResourceSlice)
+                     if s["spec"]["driver"] == dra.DRIVER and s["spec"]["nodeName"] == node
+                     for d in s["spec"].get("devices") or []
+                     if d["name"] == device and not d.get("taints")), None)
+
+    def pods() -> list[Pod]:
+        return list(client.list(Pod, namespace=namespace, labels={"app": "roce-share"}))
+
+    def unschedulable(pod: Pod) -> bool:
+        return any(c.reason == "Unschedulable" for c in pod.status.conditions or [])
+
+    client.patch(NicNodePolicy, DRA_POLICY, {"spec": {"draDriver": {"sharedRdma": True}}},
+                 patch_type=PatchType.MERGE)
+    client.patch(Node, node, {"metadata": {"labels": {GPU: ""}}})
+    try:
+        published = wait_for(shared, 120, f"{node}'s first RoCE port published as shared")
+        assert published["allowMultipleAllocations"] is True
+        assert published["capacity"]["pods"]["value"] == "63"
+
+        async def sixty_four() -> None:
+            api = ApiClient(kubeconfig)
+            try:
+                await api.create(template, res=CLAIM_TEMPLATE)
+                for i in range(64):
+                    body = json.loads(json.dumps(user))
+                    body["metadata"].update(name=f"roce-{i}", labels={"app": "roce-share"})
+                    await api.create(body)
+            finally:
+                await api.close()
+        asyncio.run(sixty_four())
+
+        def placed() -> list[Pod] | None:
+            now = pods()
+            waiting = [p for p in now if unschedulable(p)]
+            on_node = [p for p in now if p.spec.nodeName == node]
+            return waiting if len(on_node) == 63 and len(waiting) == 1 else None
+
+        [waiting] = wait_for(placed, 180, "63 pods on the port and the 64th unschedulable")
+        first = next(p for p in pods() if p.spec.nodeName == node)
+        delete(client, Pod, first.metadata.name, namespace)
+        wait_for(lambda: client.get(Pod, waiting.metadata.name, namespace=namespace)
+                 .spec.nodeName == node, 60, "the 64th scheduled once a share is free")
+    finally:
+        for pod in pods():
+            client.delete(Pod, pod.metadata.name, namespace=namespace, grace_period=0)
+        with contextlib.suppress(ApiError):
+            client.delete(ResourceClaimTemplate, "roce-share", namespace=namespace)
+        client.patch(NicNodePolicy, DRA_POLICY, {"spec": {"draDriver": {"sharedRdma": None}}},
+                     patch_type=PatchType.MERGE)
+        client.patch(Node, node, {"metadata": {"labels": {GPU: None}}})
+        wait_for(lambda: not pods() and node not in slices(client, dra.DRIVER)
+                 and "pf-0000-40-00-0" in {d["name"] for s in client.list(ResourceSlice)
+                                           for d in s["spec"].get("devices") or []},
+                 120, "the pods gone and the policy back to whole PFs")
 
 
 def test_removing_the_dra_policy_removes_the_driver_its_slices_and_classes(
