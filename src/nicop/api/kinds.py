@@ -13,6 +13,7 @@ from nicop.api.mellanox import (
 )
 from nicop.api.nad import NetworkAttachmentDefinition
 from nicop.api.nvipam import CIDRPool, IPPool
+from nicop.api.sriovdra import DeviceAttributes, SriovResourcePolicy
 from nicop.api.sriovnetwork import (
     OVSNetwork,
     SriovIBNetwork,
@@ -40,6 +41,8 @@ KINDS: tuple[type[KubeObject], ...] = (
     CIDRPool,
     NodeMaintenance,
     MaintenanceOperatorConfig,
+    SriovResourcePolicy,
+    DeviceAttributes,
     NetworkAttachmentDefinition,
 )
 """Every kind nicop has a CRD for, in install order."""
