@@ -64,6 +64,11 @@ OperatorConfig = create_namespaced_resource("sriovnetwork.openshift.io", "v1",
                                             "SriovOperatorConfig", "sriovoperatorconfigs")
 SriovPolicy = create_namespaced_resource("sriovnetwork.openshift.io", "v1",
                                          "SriovNetworkNodePolicy", "sriovnetworknodepolicies")
+SriovResourcePolicy = create_namespaced_resource(
+    "sriovnetwork.k8snetworkplumbingwg.io", "v1alpha1", "SriovResourcePolicy",
+    "sriovresourcepolicies")
+DeviceAttributes = create_namespaced_resource(
+    "sriovnetwork.k8snetworkplumbingwg.io", "v1alpha1", "DeviceAttributes", "deviceattributes")
 ROOT = Path(__file__).resolve().parents[2]
 GPU, STORAGE = "node-role.kubernetes.io/gpu", "node-role.kubernetes.io/storage"
 DRA_NODE, PLUGIN_NODE = "node-1", "node-2"  # the DGX, and a ConnectX-6 Dx node
@@ -428,6 +433,58 @@ def test_vfs_the_sriov_policy_creates_are_claimable_and_leave_the_slice_when_the
     finally:
         delete(client, Pod, "vf-user", namespace)
         delete(client, Pod, "pf-user", namespace)
+        delete(client, SriovPolicy, "dgx-ib-vfs", NAMESPACE)
+        wait_for(lambda: numvfs.read_text().strip() == "0", 120, "the VFs to be removed")
+
+
+def test_upstreams_sriov_resource_policy_chooses_the_vfs_and_their_attributes(
+    client: Client, cluster: LocalCluster, deployed: None
+) -> None:
+    """The SR-IOV DRA driver's own API, as its README documents it (a DeviceAttributes labelled
+    `pool`, a SriovResourcePolicy whose config selects it and filters VFs by vendor, PF name
+    and PCI address): of the DGX's 4 VFs on ibp24s0 the plugin pod publishes only the 2 the
+    policy names, each with the attribute `k8s.cni.cncf.io/resourceName`; the policy deleted,
+    all 4 are back, without it."""
+    numvfs = cluster.node_root(DRA_NODE) / f"sys/bus/pci/devices/{SRIOV_PF}/sriov_numvfs"
+
+    def vfs() -> dict[str, dict[str, Any]]:
+        return {d["name"]: d for s in client.list(ResourceSlice)
+                if s["spec"]["driver"] == dra.DRIVER and s["spec"]["nodeName"] == DRA_NODE
+                for d in s["spec"].get("devices") or []
+                if d["attributes"][dra.KIND]["string"] == dra.KIND_VF}
+
+    client.apply(SriovPolicy(metadata=ObjectMeta(name="dgx-ib-vfs", namespace=NAMESPACE), spec={
+        "resourceName": "dgx_ib_vf", "nodeSelector": {"kubernetes.io/hostname": DRA_NODE},
+        "numVfs": 4, "nicSelector": {"pfNames": [SRIOV_PF_NAME]}, "isRdma": True,
+        "linkType": "ib"}), field_manager="test", force=True)
+    try:
+        wait_for(lambda: len(vfs()) == 4, 180, "the 4 VFs published")
+        chosen = sorted(d["attributes"][dra.PCI_ADDRESS]["string"] for d in vfs().values())[:2]
+        client.apply(DeviceAttributes(
+            metadata=ObjectMeta(name="ib-attrs", namespace=NAMESPACE,
+                                labels={"pool": "ib-resource"}),
+            spec={"attributes": {"k8s.cni.cncf.io/resourceName": {"string": "ib_resource"}}}),
+            field_manager="test", force=True)
+        client.apply(SriovResourcePolicy(
+            metadata=ObjectMeta(name="ib-policy", namespace=NAMESPACE),
+            spec={"configs": [{
+                "deviceAttributesSelector": {"matchLabels": {"pool": "ib-resource"}},
+                "resourceFilters": [{"vendors": ["15b3"], "pfNames": [SRIOV_PF_NAME],
+                                     "pciAddresses": chosen}]}]}),
+            field_manager="test", force=True)
+        published = wait_for(lambda: (v := vfs()) and len(v) == 2 and v, 30,
+                             "only the policy's 2 VFs published")
+        assert sorted(d["attributes"][dra.PCI_ADDRESS]["string"]
+                      for d in published.values()) == chosen
+        assert all(d["attributes"]["k8s.cni.cncf.io/resourceName"] == {"string": "ib_resource"}
+                   for d in published.values())
+        delete(client, SriovResourcePolicy, "ib-policy", NAMESPACE)
+        wait_for(lambda: len(vfs()) == 4 and not any(
+            "k8s.cni.cncf.io/resourceName" in d["attributes"] for d in vfs().values()),
+            30, "all 4 VFs back without the attribute")
+    finally:
+        delete(client, SriovResourcePolicy, "ib-policy", NAMESPACE)
+        delete(client, DeviceAttributes, "ib-attrs", NAMESPACE)
         delete(client, SriovPolicy, "dgx-ib-vfs", NAMESPACE)
         wait_for(lambda: numvfs.read_text().strip() == "0", 120, "the VFs to be removed")
 

@@ -227,6 +227,9 @@ def sriov_config_daemon(
 @app.command("dra-plugin")
 def dra_plugin(
     node_name: NodeName = "",
+    namespace: Annotated[str, typer.Option(
+        envvar="POD_NAMESPACE", help="Where the SR-IOV DRA driver's SriovResourcePolicies and "
+        "DeviceAttributes are read (the pod's namespace).")] = "default",
     kubeconfig: Kubeconfig = None,
     host_root: HostRoot = Path("/"),
     poll_interval: PollInterval = 1.0,
@@ -257,6 +260,8 @@ def dra_plugin(
     from nicop.node.dra.driver_state import DriverWatch, held_while_reloading
     from nicop.node.dra.plugin import DraPlugin
     from nicop.node.dra.publisher import PoolSource, SlicePublisher
+    from nicop.node.dra.slices import PoolContent
+    from nicop.node.dra.vf_policy import VfPolicyWatch
     from nicop.node.readiness import Readiness
 
     if not node_name:
@@ -264,14 +269,19 @@ def dra_plugin(
     machine = platform()
     host = machine.host(host_root)
     sources: dict[str, PoolSource] = dict(machine.extra_dra_pools(host))
-    sources[dra.DRIVER] = lambda: node_pool(discovery.scan(host), host, shared=shared_rdma)
 
     async def main(stop: asyncio.Event) -> None:
         client = ApiClient(kubeconfig)
         driver = DriverWatch(client, node_name)
-        sources[dra.DRIVER] = held_while_reloading(sources[dra.DRIVER], driver)
-        watching = asyncio.create_task(driver.run())
-        await driver.informer.synced.wait()
+        vfs = VfPolicyWatch(client, namespace)
+
+        def nics() -> PoolContent:
+            policy = vfs.policy(driver.labels)
+            return node_pool(discovery.scan(host), host, shared=shared_rdma, vfs=policy)
+
+        sources[dra.DRIVER] = held_while_reloading(nics, driver)
+        watching = [asyncio.create_task(driver.run()), asyncio.create_task(vfs.run())]
+        await asyncio.gather(driver.informer.synced.wait(), vfs.synced())
         publishers = [SlicePublisher(client, name, node_name, source, interval=poll_interval)
                       for name, source in sources.items()]
         plugin = DraPlugin(client, node_name, host)
@@ -287,7 +297,8 @@ def dra_plugin(
             await asyncio.gather(*(p.run(stop) for p in publishers))
         finally:
             marking.cancel()
-            watching.cancel()
+            for task in watching:
+                task.cancel()
             readiness.clear()
             await plugin.stop()
             for publisher in publishers:

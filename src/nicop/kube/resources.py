@@ -84,6 +84,11 @@ SRIOV_OPERATOR_CONFIG = Resource(SRIOV_GROUP, SRIOV_VERSION, "SriovOperatorConfi
 SRIOV_POOL_CONFIG = Resource(SRIOV_GROUP, SRIOV_VERSION, "SriovNetworkPoolConfig",
                              "sriovnetworkpoolconfigs")
 SRIOV_NETWORK = Resource(SRIOV_GROUP, SRIOV_VERSION, "SriovNetwork", "sriovnetworks")
+# The SR-IOV DRA driver's API (nicop.api.sriovdra).
+SRIOV_DRA_GROUP = "sriovnetwork.k8snetworkplumbingwg.io"
+SRIOV_RESOURCE_POLICY = Resource(SRIOV_DRA_GROUP, "v1alpha1", "SriovResourcePolicy",
+                                 "sriovresourcepolicies")
+DEVICE_ATTRIBUTES = Resource(SRIOV_DRA_GROUP, "v1alpha1", "DeviceAttributes", "deviceattributes")
 SRIOV_IB_NETWORK = Resource(SRIOV_GROUP, SRIOV_VERSION, "SriovIBNetwork", "sriovibnetworks")
 OVS_NETWORK = Resource(SRIOV_GROUP, SRIOV_VERSION, "OVSNetwork", "ovsnetworks")
 MAINTENANCE_GROUP = "maintenance.nvidia.com"

@@ -8,7 +8,9 @@ What is published:
 - with `shared` (draDriver.sharedRdma), a PF without VFs as one shared device instead
   (`shared-0000-3b-00-0`, kind `shared`): many claims at once, each taking one of its `pods`
   (see `dra.POD_CAPACITY`);
-- a VF bound to a driver (vfio-pci counts), while its PF's link is up. A VF shares its PF's port,
+- a VF bound to a driver (vfio-pci counts), while its PF's link is up; once the SR-IOV DRA
+  driver's SriovResourcePolicies exist, only the VFs they select, with the attributes of their
+  DeviceAttributes (nicop.node.dra.vf_policy). A VF shares its PF's port,
   so with the PF down it can carry nothing: its device leaves the slice instead of staying
   allocatable with `linkUp: false`, and comes back, under the same name, when the link does.
 
@@ -33,6 +35,7 @@ from nicop.api import dra
 from nicop.node import kernel
 from nicop.node.discovery import NETWORK_CLASS, PCI_DEVICES, Inventory, PciFunction
 from nicop.node.dra.slices import PoolContent
+from nicop.node.dra.vf_policy import Vf, VfPolicy
 from nicop.node.host import Host
 
 log = logging.getLogger(__name__)
@@ -76,9 +79,10 @@ def device_name(kind: str, address: str) -> str:
     return f"{kind}-{address.replace(':', '-').replace('.', '-')}"
 
 
-def node_pool(inv: Inventory, host: Host, *, shared: bool = False) -> PoolContent:
+def node_pool(inv: Inventory, host: Host, *, shared: bool = False,
+              vfs: VfPolicy | None = None) -> PoolContent:
     """The node's devices and counter sets, as the node's pool of ResourceSlices holds them."""
-    return PoolContent([d.to_api() for d in node_devices(inv, host, shared=shared)],
+    return PoolContent([d.to_api() for d in node_devices(inv, host, shared=shared, vfs=vfs)],
                        counter_sets(inv))
 
 
@@ -94,9 +98,11 @@ def _mellanox_nic(fn: PciFunction) -> bool:
     return fn.vendor == MELLANOX_VENDOR and fn.base_class == NETWORK_CLASS
 
 
-def node_devices(inv: Inventory, host: Host, *, shared: bool = False) -> list[Device]:
+def node_devices(inv: Inventory, host: Host, *, shared: bool = False,
+                 vfs: VfPolicy | None = None) -> list[Device]:
     """The node's devices, ordered by name; with `shared`, ports without VFs as shared
-    devices."""
+    devices; with `vfs` (SriovResourcePolicies), only the VFs it selects, with its
+    attributes."""
     driver_version = kernel.loaded_version(host)
     result = []
     for fn in inv.functions.values():
@@ -115,7 +121,16 @@ def node_devices(inv: Inventory, host: Host, *, shared: bool = False) -> list[De
         if not link_up(pf):
             log.debug("VF %s left out: link of its PF %s is down", fn.address, pf.address)
             continue
-        result.append(_device(inv, host, fn, pf, driver_version))
+        device = _device(inv, host, fn, pf, driver_version)
+        if vfs is not None:
+            pf_net = inv.pf_netdev(fn)
+            extra = vfs.attributes(Vf(fn.vendor, fn.device, fn.address,
+                                      pf_net.name if pf_net else None, pf.address,
+                                      _link_type(fn)))
+            if extra is None:
+                continue  # no SriovResourcePolicy selects it
+            device = replace(device, attributes={**extra, **device.attributes})
+        result.append(device)
     return sorted(result, key=lambda d: d.name)
 
 

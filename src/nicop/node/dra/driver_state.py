@@ -21,7 +21,8 @@ from nicop.node.dra.slices import PoolContent
 
 
 class DriverWatch:
-    """The plugin's own Node, watched for mofed.wait."""
+    """The plugin's own Node, watched for mofed.wait (and its labels, which policies select
+    nodes by)."""
 
     def __init__(self, client: ApiClient, node_name: str) -> None:
         self.node_name = node_name
@@ -31,10 +32,13 @@ class DriverWatch:
         await self.informer.run()
 
     @property
-    def reloading(self) -> bool:
+    def labels(self) -> dict[str, str]:
         node = self.informer.store.get(self.node_name)
-        labels = (node or {}).get("metadata", {}).get("labels") or {}
-        return labels.get(MOFED_WAIT_LABEL) == "true"
+        return dict((node or {}).get("metadata", {}).get("labels") or {})
+
+    @property
+    def reloading(self) -> bool:
+        return self.labels.get(MOFED_WAIT_LABEL) == "true"
 
 
 def held_while_reloading(source: PoolSource, watch: DriverWatch) -> PoolSource:

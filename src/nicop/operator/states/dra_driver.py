@@ -43,6 +43,10 @@ RULES: list[Obj] = [
     {"apiGroups": [RESOURCE_GROUP], "resources": ["resourceclaims/driver"],
      "resourceNames": [dra.DRIVER], "verbs": ["associated-node:patch"]},
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+    # The SR-IOV DRA driver's API: which VFs to advertise, with which attributes.
+    {"apiGroups": ["sriovnetwork.k8snetworkplumbingwg.io"],
+     "resources": ["sriovresourcepolicies", "deviceattributes"],
+     "verbs": ["get", "list", "watch"]},
     EVENTS_RULE,
 ]
 HOST_DIRS = {"plugins": dra.PLUGINS_DIR, "plugins-registry": dra.REGISTRY_DIR, "cdi": dra.CDI_DIR,
