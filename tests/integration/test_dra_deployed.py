@@ -131,6 +131,16 @@ def create(kubeconfig: Path, template: dict[str, Any], pod: dict[str, Any]) -> N
     asyncio.run(main())
 
 
+def diagnose_pod(kubeconfig: Path, namespace: str, name: str) -> str:
+    """What `nicop diagnose pod` says of a pod it finds a problem with (exit 1), on one line."""
+    done = subprocess.run(
+        [sys.executable, "-m", "nicop", "diagnose", "pod", f"{namespace}/{name}",
+         "--kubeconfig", str(kubeconfig)],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr
+    return " ".join(done.stdout.split())
+
+
 def prepared(client: Client, name: str, namespace: str) -> Pod | None:
     """The pod once the node has prepared its claims (the stand-in retries errors meanwhile)."""
     pod = client.get(Pod, name, namespace=namespace)
@@ -404,12 +414,7 @@ def test_vfs_the_sriov_policy_creates_are_claimable_and_leave_the_slice_when_the
         wait_for(lambda: any(c.reason == "Unschedulable" for c in client.get(
             Pod, "pf-user", namespace=namespace).status.conditions or []),
             60, "the claim for the PF of allocated VFs to wait")
-        done = subprocess.run(
-            [sys.executable, "-m", "nicop", "diagnose", "pod", f"{namespace}/pf-user",
-             "--kubeconfig", str(kubeconfig)],
-            capture_output=True, text=True, timeout=120, check=False)
-        said = " ".join(done.stdout.split())
-        assert done.returncode == 1, done.stdout + done.stderr
+        said = diagnose_pod(kubeconfig, namespace, "pf-user")
         assert (f"node {DRA_NODE}: nic: 0 free of 1 rdma.nicop.io, 1 wanted "
                 "(pf-0000-18-00-0 not free: a PF is not free while some of its VFs are "
                 "allocated") in said, said
@@ -542,12 +547,7 @@ def test_a_pf_whose_link_goes_down_is_tainted_and_a_claim_only_it_could_serve_wa
         create(kubeconfig, *pf_user(namespace, address, "down-pf-user"))
         wait_for(lambda: any(c.reason == "Unschedulable" for c in pod().status.conditions or []),
                  60, "the claim for the tainted PF to wait")
-        done = subprocess.run(
-            [sys.executable, "-m", "nicop", "diagnose", "pod", f"{namespace}/down-pf-user",
-             "--kubeconfig", str(kubeconfig)],
-            capture_output=True, text=True, timeout=120, check=False)
-        said = " ".join(done.stdout.split())
-        assert done.returncode == 1, done.stdout + done.stderr
+        said = diagnose_pod(kubeconfig, namespace, "down-pf-user")
         assert (f"node {DRA_NODE}: nic: 0 free of 1 rdma.nicop.io, 1 wanted ({device} tainted "
                 f"{dra.TAINT_LINK_DOWN}={ifname}:NoSchedule)") in said, said
         assert f"{dra.TAINT_LINK_DOWN}: the port's link is down" in said, said
