@@ -18,6 +18,8 @@ from nicop.kube.client import WRITE_VERBS
 from nicop_sim.cluster import free_port
 
 METRIC = re.compile(r'^nicop_api_requests_total\{resource="([^"]+)",verb="([^"]+)"\} ([0-9.e+]+)$')
+RECONCILE_METRIC = re.compile(
+    r'^nicop_reconcile_total\{controller="([^"]+)",result="[^"]+"\} ([0-9.e+]+)$', re.MULTILINE)
 
 
 NAMESPACE = "nvidia-network-operator"
@@ -85,6 +87,12 @@ class OperatorProcess:
             if m and m.group(2) in WRITE_VERBS and m.group(1) not in ("leases", "events"):
                 counts[m.group(2), m.group(1)] = float(m.group(3))
         return counts
+
+    def reconciles(self, controller: str) -> float:
+        """Reconciles the controller has finished (either result): evidence it had its chance."""
+        _, text = self.get("/metrics")
+        return sum(float(m.group(2)) for m in RECONCILE_METRIC.finditer(text)
+                   if m.group(1) == controller)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc.poll() is None:

@@ -9,7 +9,6 @@ This module runs its own control plane with 10 nodes and its own operator.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from tests.integration.driver_upgrades import (
     wait_running,
 )
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
+from tests.integration.watching import Watch
 
 from nicop_sim.cluster import LocalCluster
 
@@ -76,22 +76,16 @@ class CordonWatch:
     ones."""
 
     def __init__(self, client: Client) -> None:
-        self.client = client
         self.moments: list[frozenset[str]] = []
         self._cordoned: dict[str, bool] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self._watch = Watch(lambda: client.watch(Node), self._seen)
 
-    def _run(self) -> None:
-        for _, node in self.client.watch(Node):
-            self._cordoned[node.metadata.name] = bool(node.spec.unschedulable)
-            self.moments.append(frozenset(n for n, c in self._cordoned.items() if c))
-            if self._stop.is_set():
-                return
+    def _seen(self, node: Node) -> None:
+        self._cordoned[node.metadata.name] = bool(node.spec.unschedulable)
+        self.moments.append(frozenset(n for n, c in self._cordoned.items() if c))
 
     def stop(self) -> list[frozenset[str]]:
-        self._stop.set()
+        self._watch.stop()
         return list(self.moments)
 
 

@@ -10,11 +10,9 @@ that leaves the object in place, only taking its ID out."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import random
 import signal
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,9 +31,11 @@ from tests.integration.test_driver_upgrade import (
     POLICY,
     Observer,
     bump,
+    replaced_once,
     start,
     workloads,
 )
+from tests.integration.watching import Watch
 
 from nicop.api.labels import CURRENT_STATE, DESIRED_STATE, NODE_STATE_ANNOTATION
 from nicop_sim.cluster import LocalCluster
@@ -67,17 +67,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory,
         yield cluster
 
 
-@contextlib.contextmanager
-def watching(stopped: threading.Event) -> Iterator[None]:
-    """A watch told to stop ends with the control plane at the module's end: that is no
-    failure; any other is."""
-    try:
-        yield
-    except Exception:
-        if not stopped.is_set():
-            raise
-
-
 class Requests:
     """Every NodeMaintenance created, by node (their uids), and every requestor each node's had,
     from a watch."""
@@ -85,22 +74,17 @@ class Requests:
     def __init__(self, client: Client) -> None:
         self.by_node: dict[str, set[str]] = {}
         self.requestors: dict[str, set[str]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(client,), daemon=True)
-        self._thread.start()
+        self._watch = Watch(lambda: client.watch(NodeMaintenance, namespace="default"),
+                            self._seen)
 
-    def _run(self, client: Client) -> None:
-        with watching(self._stop):
-            for _, nm in client.watch(NodeMaintenance, namespace="default"):
-                node = nm["spec"]["nodeName"]
-                self.by_node.setdefault(node, set()).add(nm["metadata"]["uid"])
-                self.requestors.setdefault(node, set()).update(
-                    [nm["spec"]["requestorID"], *(nm["spec"].get("additionalRequestors") or [])])
-                if self._stop.is_set():
-                    return
+    def _seen(self, nm: Any) -> None:
+        node = nm["spec"]["nodeName"]
+        self.by_node.setdefault(node, set()).add(nm["metadata"]["uid"])
+        self.requestors.setdefault(node, set()).update(
+            [nm["spec"]["requestorID"], *(nm["spec"].get("additionalRequestors") or [])])
 
     def stop(self) -> None:
-        self._stop.set()
+        self._watch.stop()
 
 
 def maintenance(client: Client, node: str) -> Any:
@@ -140,7 +124,7 @@ def test_requestor_mode_upgrades_each_node_through_one_node_maintenance(
         assert observer.max_cordoned <= 3, observer.max_cordoned
         assert {node: len(uids) for node, uids in requests.by_node.items()} == {
             f"node-{i}": 1 for i in range(1, NODES + 1)}, "one NodeMaintenance per node"
-        assert all(len(uids) == 2 for uids in observer.driver_pods.values()), \
+        assert replaced_once(observer, NODES), \
             "each node's driver pod is replaced exactly once"
         held = maintenance(client, "node-3")
         assert held["spec"]["requestorID"] == OTHER
@@ -219,21 +203,16 @@ class Cordons:
     def __init__(self, client: Client) -> None:
         self.count: dict[str, int] = {}
         self._now: dict[str, bool] = {}
-        self._stop = threading.Event()
-        threading.Thread(target=self._run, args=(client,), daemon=True).start()
+        self._watch = Watch(lambda: client.watch(Node), self._seen)
 
-    def _run(self, client: Client) -> None:
-        with watching(self._stop):
-            for _, node in client.watch(Node):
-                name, cordoned = node.metadata.name, bool(node.spec.unschedulable)
-                if cordoned and not self._now.get(name, False):
-                    self.count[name] = self.count.get(name, 0) + 1
-                self._now[name] = cordoned
-                if self._stop.is_set():
-                    return
+    def _seen(self, node: Any) -> None:
+        name, cordoned = node.metadata.name, bool(node.spec.unschedulable)
+        if cordoned and not self._now.get(name, False):
+            self.count[name] = self.count.get(name, 0) + 1
+        self._now[name] = cordoned
 
     def stop(self) -> None:
-        self._stop.set()
+        self._watch.stop()
 
 
 def ask_for_drains(client: Client, desired: str, nodes: list[str]) -> None:
@@ -330,9 +309,9 @@ def test_sriov_drains_join_the_rollouts_node_maintenances_and_an_operator_kill_d
         assert observer.max_cordoned <= 3, observer.max_cordoned
         assert {n: len(uids) for n, uids in requests.by_node.items()} == {
             n: 1 for n in nodes}, f"seed {seed}: one NodeMaintenance per node"
-        assert all(r == {REQUESTOR, SRIOV} for r in requests.requestors.values())
+        assert requests.requestors == {n: {REQUESTOR, SRIOV} for n in nodes}
         assert cordons.count == {n: 1 for n in nodes}, f"seed {seed}: each node cordoned once"
-        assert all(len(uids) == 2 for uids in observer.driver_pods.values()), \
+        assert replaced_once(observer, NODES), \
             f"seed {seed}: each node's driver pod is replaced exactly once"
     for kind, name in ((SriovNetworkPoolConfig, "all"), (SriovOperatorConfig, "default"),
                        (MaintenanceOperatorConfig, "default")):

@@ -173,19 +173,21 @@ def test_policy_at_rest_makes_no_writes_even_after_a_restart(
     apply_policy(client, body)
     wait_for(lambda: policy_status(client).get("state") == "ready", 90, "the RoCE policy ready")
     time.sleep(2)
-    before = operator.writes()
+    before, reconciled = operator.writes(), operator.reconciles("nicclusterpolicy")
     # An annotation changes the object (an event, a reconcile) but not the spec.
     obj = client.get(NicClusterPolicy, "nic-cluster-policy")
     obj.metadata.annotations = {"touched": "yes"}
     client.replace(obj)
-    time.sleep(3)
+    wait_for(lambda: operator.reconciles("nicclusterpolicy") > reconciled, 30,
+             "the policy reconciled after the change")
     assert operator.writes() == before, "an unchanged policy must cause no write"
 
     restarted = OperatorProcess(kubeconfig, NAMESPACE, tmp_path / "restarted.log")
     operator.stop()
     try:
         restarted.wait_ready(30)
-        time.sleep(3)
+        wait_for(lambda: restarted.reconciles("nicclusterpolicy") >= 1, 30,
+                 "the restarted operator's first reconcile of the policy")
         assert restarted.writes() == {}, "a restarted operator finds nothing to change"
     finally:
         restarted.stop()

@@ -8,7 +8,6 @@ a config daemon, the SR-IOV device plugin and the kubelet stand-in (see test_sri
 from __future__ import annotations
 
 import asyncio
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +38,7 @@ from tests.integration.test_sriov_e2e import (
     policy,
     until,
 )
+from tests.integration.watching import Watch
 
 from nicop.api.install import install_crds
 from nicop.api.labels import CURRENT_STATE, DESIRED_STATE
@@ -80,22 +80,17 @@ class CordonWatch:
         self.cordoned: dict[str, bool] = {}
         self.max_cordoned = 0
         self.ever: set[str] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(client,), daemon=True)
-        self._thread.start()
+        self._watch = Watch(lambda: client.watch(Node), self._seen)
 
-    def _run(self, client: Client) -> None:
-        for _, node in client.watch(Node):
-            if self._stop.is_set():
-                return
-            name = node.metadata.name
-            self.cordoned[name] = bool(node.spec.unschedulable)
-            if self.cordoned[name]:
-                self.ever.add(name)
-            self.max_cordoned = max(self.max_cordoned, sum(self.cordoned.values()))
+    def _seen(self, node: Node) -> None:
+        name = node.metadata.name
+        self.cordoned[name] = bool(node.spec.unschedulable)
+        if self.cordoned[name]:
+            self.ever.add(name)
+        self.max_cordoned = max(self.max_cordoned, sum(self.cordoned.values()))
 
     def stop(self) -> None:
-        self._stop.set()
+        self._watch.stop()
 
 
 def workload(client: Client, resource: str, replicas: int) -> None:
