@@ -17,6 +17,7 @@ from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import DaemonSet, Deployment
 from lightkube.resources.core_v1 import ConfigMap, Event, Node, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
+from lightkube.types import PatchType
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -174,10 +175,14 @@ def test_policy_at_rest_makes_no_writes_even_after_a_restart(
     wait_for(lambda: policy_status(client).get("state") == "ready", 90, "the RoCE policy ready")
     time.sleep(2)
     before, reconciled = operator.writes(), operator.reconciles("nicclusterpolicy")
-    # An annotation changes the object (an event, a reconcile) but not the spec.
-    obj = client.get(NicClusterPolicy, "nic-cluster-policy")
-    obj.metadata.annotations = {"touched": "yes"}
-    client.replace(obj)
+    # An annotation changes the object (an event, a reconcile) but not the spec. (A replace of
+    # the object as read used to stand here: the API server stored nothing new, and the test
+    # passed without a reconcile to judge.)
+    version = client.get(NicClusterPolicy, "nic-cluster-policy").metadata.resourceVersion
+    touched = client.patch(NicClusterPolicy, "nic-cluster-policy",
+                           {"metadata": {"annotations": {"touched": "yes"}}},
+                           patch_type=PatchType.MERGE)
+    assert touched.metadata.resourceVersion != version
     wait_for(lambda: operator.reconciles("nicclusterpolicy") > reconciled, 30,
              "the policy reconciled after the change")
     assert operator.writes() == before, "an unchanged policy must cause no write"
