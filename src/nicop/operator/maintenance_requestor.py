@@ -33,6 +33,7 @@ DEFAULT_PREFIX = "nvidia-operator"
 # nicop's default for the SR-IOV drain (upstream's chart sets it; it has none of its own).
 DEFAULT_SRIOV_REQUESTOR_ID = "nvidia.sriov-drain"
 SRIOV_DRAIN_TIMEOUT = 90  # seconds, upstream's drain requestor
+NODE_INDEX = "node-maintenance-node"  # the store's index of NodeMaintenances by nodeName
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,8 @@ class Requestor:
         self.client: ApiClient = manager.client
         self.options = options
         self.items = manager.informer(NODE_MAINTENANCE, options.namespace)
+        self.items.store.add_index(NODE_INDEX, lambda nm: [(nm.get("spec") or {}).get(
+            "nodeName", "")])
         self.items.on_change(lambda ev, obj, old: on_change())
 
     def requestor_id(self, pool: str = OWNER_VALUE) -> str:
@@ -123,8 +126,7 @@ class Requestor:
     def of_node(self, node: str) -> list[Obj]:
         """The node's NodeMaintenances: the one of our name first."""
         ours = self.items.store.get(f"{self.options.namespace}/{self.name(node)}")
-        found = [nm for nm in self.items.store.items()
-                 if nm is not ours and (nm.get("spec") or {}).get("nodeName") == node]
+        found = [nm for nm in self.items.store.by_index(NODE_INDEX, node) if nm is not ours]
         return [ours, *found] if ours is not None else found
 
     def held(self, node: str, me: str) -> Obj | None:
