@@ -141,16 +141,17 @@ class Requestor:
         """Ask for the node's maintenance, or join the one another requestor asked for; True
         once `me` holds one. A NodeMaintenance being deleted is waited out (False: ask again
         later)."""
-        if self.held(node, me) is not None:
+        found = self.of_node(node)
+        if any(me in holders(nm) for nm in found):
             return True
-        live = [nm for nm in self.of_node(node) if not nm["metadata"].get("deletionTimestamp")]
+        live = [nm for nm in found if not nm["metadata"].get("deletionTimestamp")]
         if live:
             existing = live[0]
             await self._requestors(existing, [*requestors(existing)[1:], me])
             log.info("joined NodeMaintenance %s of %s as %s", existing["metadata"]["name"],
                      existing["spec"]["requestorID"], me, extra=logs.about("Node", node))
             return True
-        if self.of_node(node):
+        if found:
             return False
         body = {"apiVersion": NODE_MAINTENANCE.api_version, "kind": NODE_MAINTENANCE.kind,
                 "metadata": {"name": self.name(node), "namespace": self.options.namespace},
