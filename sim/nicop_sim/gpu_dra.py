@@ -19,8 +19,9 @@ from nicop_sim.hardware import PCI_DEVICES, SimulatedHost
 
 GPU_DRIVER = "gpu.nvidia.com"
 GPU_CLASS = GPU_DRIVER
-# What NVML reports for an H100 on a current datacenter driver.
-ARCHITECTURES = {"2330": ("Hopper", "9.0.0", 81559)}  # device ID -> arch, compute cap., MiB
+# What NVML reports for an H100 and a GB300 (B300, sm_103; memory as NVIDIA's nvml-mock has it)
+# on a current datacenter driver: device ID -> architecture, compute capability, MiB.
+ARCHITECTURES = {"2330": ("Hopper", "9.0.0", 81559), "31c2": ("Blackwell", "10.3.0", 284672)}
 DRIVER_VERSION, CUDA_DRIVER_VERSION = "570.133.20", "12.8.0"
 
 

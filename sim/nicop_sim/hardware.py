@@ -30,6 +30,14 @@ from nicop.node.host import Host, Mounts
 MELLANOX_VENDOR = "15b3"
 NVIDIA_VENDOR = "10de"
 GPU_CLASS = 0x030200  # display controller, 3D
+# A ConnectX-8's Data Direct function: a DMA engine without network of its own, which mlx5_ib
+# drives (data_direct.c is built into mlx5_ib, so the PCI driver bears its name). Its PCI ID is
+# the kernel's; its class code is not in the sources at hand: DMA controller, after the name
+# rdma-core's rdma_topo gives it ("ConnectX-8 DMA Controller").
+DATA_DIRECT_DEVICE, DATA_DIRECT_CLASS, DATA_DIRECT_DRIVER = "2100", 0x080100, "mlx5_ib"
+GRACE_ROOT_PORT = "22b2"  # an NVIDIA Grace PCIe root port (rdma_topo's table)
+CX_SWITCH_PORT = "197c"  # the ports of a ConnectX-8's own PCIe switch (rdma_topo's table)
+BRIDGE_CLASS = 0x060400
 NFD_PREFIX = NFD
 MELLANOX_PRESENT_LABEL = MELLANOX_LABEL
 # On a simulated Node: the profile its hardware is built from.
@@ -56,11 +64,17 @@ class Nic:
     # Bus of the PCIe root complex (pci0000:<root_bus>) the NIC sits behind; None shares root
     # complex 00 with the other NICs, each behind its own root port.
     root_bus: int | None = None
+    domain: int = 0  # PCI domain of its functions
+    # A ConnectX-8 with a Data Direct function: the PCI domain (on Grace, one root port) that
+    # function sits in, with the NIC's GPU. The PFs then sit in `domain`, each side behind the
+    # NIC's own switch.
+    data_direct_domain: int | None = None
 
 
 @dataclass(frozen=True)
 class Gpu:
-    """One GPU, behind root complex `root_bus` (for a GPU-NIC pair, the NIC's)."""
+    """One GPU, behind root complex `root_bus` (for a GPU-NIC pair, the NIC's); with `domain`,
+    behind the switch of the ConnectX-8 whose Data Direct function is in that domain."""
 
     product: str
     device_id: str
@@ -68,6 +82,8 @@ class Gpu:
     root_bus: int
     numa_node: int = 0
     vendor_id: str = NVIDIA_VENDOR
+    domain: int | None = None
+    subsystem_device: str = "16c1"
 
 
 @dataclass(frozen=True)
@@ -117,6 +133,21 @@ DGX_BUSES = ((0x18, 0), (0x40, 0), (0x4F, 0), (0x5E, 0), (0x9A, 1), (0xC0, 1), (
 DGX_ROOT_OFFSET, DGX_GPU_OFFSET = -3, 3
 H100 = Gpu(product="NVIDIA H100 80GB HBM3", device_id="2330", bus=0, root_bus=0)
 
+# One GB300 compute tray's host: two Grace CPUs, each with two B300 GPUs and two ConnectX-8
+# SuperNICs (800G InfiniBand). Grace gives each root port a PCI domain of its own. A NIC's PF
+# sits behind one root port; its Data Direct function sits behind another, under the NIC's
+# switch with its GPU, as rdma_topo expects (root port -> switch -> Data Direct function, and
+# -> switch -> switch -> GPU: the GPU at dddd:06:00.0). GPUDirect traffic takes that path, so
+# the GPU's root is the Data Direct function's, never the PF's.
+# (PF domain, GPU and Data Direct domain, NUMA node) of each pair; the GPU domains are those an
+# ND GB300 v6 VM shows (its pcieRoot pci0008:00 ...), the PF domains a guess.
+GB300_PAIRS = ((0x0000, 0x0008, 0), (0x0002, 0x0009, 0), (0x0010, 0x0018, 1), (0x0012, 0x0019, 1))
+CX8_IB = Nic(model="ConnectX-8", device_id="1023", ports=1, link_type="ib", bus=0x03,
+             fw_version="40.44.1036")
+# GB110 (B300) with its C2C link to Grace: device 31c2, subsystem 21f1 (gpu-admin-tools).
+B300 = Gpu(product="NVIDIA GB300", device_id="31c2", bus=0x06, root_bus=0,
+           subsystem_device="21f1")
+
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
@@ -130,6 +161,16 @@ PROFILES: dict[str, Profile] = {
                                numa_node=numa) for bus, numa in DGX_BUSES),
             os_version="22.04",
             kernel="5.15.0-122-generic",
+        ),
+        Profile(
+            "gb300",
+            "GB300-like GPU node: 4 ConnectX-8 InfiniBand NICs, each with a Data Direct "
+            "function behind the PCIe root of its B300 GPU, not behind its own",
+            tuple(replace(CX8_IB, domain=nic, data_direct_domain=gpu, numa_node=numa)
+                  for nic, gpu, numa in GB300_PAIRS),
+            gpus=tuple(replace(B300, domain=gpu, numa_node=numa) for _, gpu, numa in GB300_PAIRS),
+            os_version="24.04",
+            kernel="6.8.0-45-generic",
         ),
         Profile(
             "cx6dx",
@@ -279,13 +320,16 @@ class SimulatedHost(Host):
         return host
 
     def _add_nic(self, index: int, nic: Nic, bus: int, seed: int) -> None:
-        if nic.root_bus is None:
+        if nic.data_direct_domain is not None:
+            parent = self._cx_switch_port(nic.domain, 0)
+        elif nic.root_bus is None:
             parent = f"/sys/devices/pci0000:00/0000:00:{index + 1:02x}.0"
             self._file(f"{parent}/vendor", "0x8086")  # the root port the NIC sits behind
         else:
             parent = self._switch_port(nic.root_bus, 0)
+        vpd = _vpd(nic.model, f"MT25{index:02d}XZ0{seed & 0xFFF:03X}", _vpd_uuid(seed, index))
         for fn in range(nic.ports):
-            address = pci_address(bus, fn)
+            address = pci_address(bus, fn, nic.domain)
             self._add_function(
                 address, parent, nic.vendor_id, nic.device_id, _class_code(nic.link_type),
                 nic.numa_node, nic.revision, nic.subsystem_device, PF_DRIVER,
@@ -302,19 +346,32 @@ class SimulatedHost(Host):
             mac = f"b8:3f:d2:{seed & 0xFF:02x}:{index:02x}:{fn:02x}"
             self._file(f"{dev}/.sim/mac", mac)
             self._file(f"{dev}/.sim/fw", f"{nic.fw_version}\n{nic.board_id}")
+            self.path(f"{dev}/vpd").write_bytes(vpd)
             prefix = "ib" if nic.link_type == "ib" else "en"
+            if nic.domain:  # udev's names spell a domain other than 0 (decimal, as the bus)
+                prefix += f"P{nic.domain}"
             base = f"{prefix}p{bus}s0" + (f"f{fn}" if nic.ports > 1 else "")
             name = base if nic.link_type == "ib" else f"{base}np{fn}"
             self._file(f"{dev}/.sim/vf_base", base)
             self._file(f"{dev}/.sim/netdev", name)
             self._bind_mlx5(address, name, mac, guid=_guid(mac))
+        if nic.data_direct_domain is not None:
+            address = pci_address(bus, 0, nic.data_direct_domain)
+            self._add_function(
+                address, self._cx_switch_port(nic.data_direct_domain, 0), nic.vendor_id,
+                DATA_DIRECT_DEVICE, DATA_DIRECT_CLASS, nic.numa_node, nic.revision,
+                nic.subsystem_device, DATA_DIRECT_DRIVER,
+            )
+            self.path(f"{self._pci(address)}/vpd").write_bytes(vpd)  # the PF's V3: its pair
 
     def _add_gpu(self, index: int, gpu: Gpu, seed: int) -> None:
         """A GPU bound to the nvidia driver; what NVML would tell (UUID, product) is in `.sim/`."""
-        address = pci_address(gpu.bus, 0)
-        parent = self._switch_port(gpu.root_bus, 1)
+        if gpu.domain is None:
+            address, parent = pci_address(gpu.bus, 0), self._switch_port(gpu.root_bus, 1)
+        else:
+            address, parent = pci_address(gpu.bus, 0, gpu.domain), self._cx_gpu_port(gpu.domain)
         self._add_function(address, parent, gpu.vendor_id, gpu.device_id, GPU_CLASS,
-                           gpu.numa_node, 0xA1, "16c1", "nvidia")
+                           gpu.numa_node, 0xA1, gpu.subsystem_device, "nvidia")
         dev = self._pci(address)
         self._file(f"{dev}/.sim/gpu_uuid", _gpu_uuid(seed, index))
         self._file(f"{dev}/.sim/gpu_product", gpu.product)
@@ -329,6 +386,31 @@ class SimulatedHost(Host):
         self._file(f"{switch}/vendor", "0x1000")  # a Broadcom PEX switch, as on a DGX
         self._file(f"{parent}/vendor", "0x1000")
         return parent
+
+    def _cx_switch_port(self, domain: int, port: int) -> str:
+        """Downstream port `port` of a ConnectX-8's switch behind the Grace root port of PCI
+        domain `domain`: root port dddd:00:00.0, switch dddd:01:00.0, ports dddd:02:0p.0."""
+        root = f"/sys/devices/pci{domain:04x}:00/{domain:04x}:00:00.0"
+        switch = f"{root}/{domain:04x}:01:00.0"
+        parent = f"{switch}/{domain:04x}:02:{port:02x}.0"
+        self._bridge(root, NVIDIA_VENDOR, GRACE_ROOT_PORT)
+        for bridge in (switch, parent):
+            self._bridge(bridge, MELLANOX_VENDOR, CX_SWITCH_PORT)
+        return parent
+
+    def _cx_gpu_port(self, domain: int) -> str:
+        """Where a GB300's GPU hangs: behind the switch's port 1, a second switch (dddd:04:00.0)
+        and its port (dddd:05:00.0), so the GPU is dddd:06:00.0."""
+        inner = f"{self._cx_switch_port(domain, 1)}/{domain:04x}:04:00.0"
+        parent = f"{inner}/{domain:04x}:05:00.0"
+        for bridge in (inner, parent):
+            self._bridge(bridge, MELLANOX_VENDOR, CX_SWITCH_PORT)
+        return parent
+
+    def _bridge(self, path: str, vendor: str, device: str) -> None:
+        for name, value in (("vendor", vendor), ("device", device),
+                            ("class", f"{BRIDGE_CLASS:06x}")):
+            self._file(f"{path}/{name}", f"0x{value}")
 
     def add_pci_device(
         self, address: str, vendor: str, device: str, class_code: int,
@@ -901,6 +983,27 @@ class SimulatedHost(Host):
 def _class_code(link_type: str) -> int:
     """PCI class of a ConnectX port: InfiniBand controller or Ethernet controller."""
     return 0x020700 if link_type == "ib" else 0x020000
+
+
+def _vpd(name: str, serial: str, uuid: str) -> bytes:
+    """A ConnectX VPD image (PCI 3.0 VPD): the product name, then the read-only part with the
+    serial number (SN), the UUID all functions of the adapter share (V3) and the checksum (RV)
+    that makes every byte up to it add up to 0."""
+    def large(tag: int, data: bytes) -> bytes:
+        return bytes([tag]) + len(data).to_bytes(2, "little") + data
+
+    def keyword(key: str, value: bytes) -> bytes:
+        return key.encode() + bytes([len(value)]) + value
+
+    read_only = keyword("SN", serial.encode()) + keyword("V3", uuid.encode())
+    head = large(0x82, name.encode()) + large(0x90, read_only + keyword("RV", b"\0"))
+    checksum = -sum(head[:-1]) & 0xFF
+    return head[:-1] + bytes([checksum]) + bytes([0x78])  # 0x78: the end tag
+
+
+def _vpd_uuid(seed: int, index: int) -> str:
+    """An adapter's V3 UUID, 32 hex digits as ConnectX firmware writes it, fixed per NIC."""
+    return f"{seed & 0xFFFF:04x}{index:04x}" + "a1d25eed" * 3
 
 
 def _gpu_uuid(seed: int, index: int) -> str:

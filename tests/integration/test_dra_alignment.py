@@ -1,5 +1,6 @@
 """nicop's DRA driver piece by piece on the real control plane, beside the cluster's own
-nodes: the `nicop dra-plugin` process publishing a simulated DGX's NICs and GPUs, the kubelet
+nodes: the `nicop dra-plugin` process publishing a simulated DGX's NICs and GPUs, the real
+scheduler pairing a GB300's GPUs and NICs through the NICs' Data Direct functions, the kubelet
 plugin preparing a claim's VFs as CDI devices across a restart, and the node stand-in preparing
 a pod's claim through the plugin. test_dra_deployed.py runs the same driver as the operator
 deploys it (GPU-NIC alignment, VFs from an SR-IOV policy, device plugins side by side)."""
@@ -26,7 +27,7 @@ from nicop.api import dra
 from nicop.kube.client import ApiClient
 from nicop.kube.resources import DEVICE_CLASS, POD, RESOURCE_SLICE, Resource
 from nicop.node import discovery
-from nicop.node.dra.devices import node_devices, node_pool
+from nicop.node.dra.devices import node_devices, node_pool, pcie_root
 from nicop.node.dra.publisher import SlicePublisher
 from nicop.node.dra.slices import PoolContent
 from nicop_sim import gpu_dra
@@ -39,6 +40,7 @@ CLAIM_TEMPLATE = Resource("resource.k8s.io", "v1", "ResourceClaimTemplate",
                           "resourceclaimtemplates")
 CLAIM = Resource("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims")
 PAIRS = 8
+GB300_PAIRS = 4  # the gb300 profile's GPU-NIC pairs, joined through Data Direct functions
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "dra"
 
 
@@ -157,6 +159,100 @@ def test_the_dra_plugin_process_publishes_the_nodes_devices_and_withdraws_them_o
         async def withdrawn() -> bool:
             return await devices() == {}
         await until(withdrawn, 10, "the slices to be withdrawn")
+
+    try:
+        asyncio.run(main())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_gb300s_four_gpu_nic_pairs_align_through_data_direct_and_a_fifth_waits(
+    kubeconfig: Path, namespace: str, root: Path
+) -> None:
+    """`nicop dra-plugin` on a simulated GB300 (as node-1): its ConnectX-8s publish the PCIe
+    root of their Data Direct functions, which their GPUs share. 5 pods claim a GPU and a NIC
+    on one root (examples/dra/gpu-and-nic.yaml): the real scheduler places 4, each pair on one
+    root, and the 5th stays unschedulable. Each NIC's own root (its PF's, nicPcieRoot) is no
+    GPU's: aligned by it, no pair would have been found."""
+    host = SimulatedHost.build(root, "gb300", seed=1)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nicop", "dra-plugin", "--node-name", NODE,
+         "--kubeconfig", str(kubeconfig), "--poll-interval", "0.5"],
+        env=simulated(root), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    async def node_slices(api: ApiClient) -> list[dict[str, Any]]:
+        items, _ = await api.list(RESOURCE_SLICE, field_selector=f"spec.nodeName={NODE}")
+        return items
+
+    async def main() -> None:
+        api = ApiClient(kubeconfig)
+        try:
+            async with device_classes(api):
+                await pairs(api)
+        finally:
+            items, _ = await api.list(POD, namespace, label_selector="app=dra-train")
+            for pod in items:
+                await api.delete(POD, pod["metadata"]["name"], namespace, grace_seconds=0)
+            await api.delete(CLAIM_TEMPLATE, "gpu-nic", namespace)
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.to_thread(proc.wait, 30)
+
+            async def withdrawn() -> bool:
+                return not await node_slices(api)
+            await until(withdrawn, 30, "the GB300's slices to be withdrawn")
+            await api.close()
+
+    async def pairs(api: ApiClient) -> None:
+        async def devices() -> dict[str, dict[str, Any]]:
+            return {d["name"]: d for s in await node_slices(api)
+                    for d in s["spec"].get("devices") or []}
+
+        async def published() -> bool:
+            return len(await devices()) == 2 * GB300_PAIRS
+        await until(published, 60, "the GB300's NICs and GPUs in its slices")
+        attrs = {name: d["attributes"] for name, d in (await devices()).items()}
+        roots = {name: a[dra.PCIE_ROOT]["string"] for name, a in attrs.items()}
+        gpu_roots = {roots[name] for name in roots if name.startswith("gpu-")}
+
+        template, pod = example("gpu-and-nic.yaml", namespace)
+        await api.create(template, res=CLAIM_TEMPLATE)
+        for i in range(GB300_PAIRS + 1):
+            await api.create(pod_named(pod, f"train-{i}"))
+
+        async def pods() -> list[dict[str, Any]]:
+            items, _ = await api.list(POD, namespace, label_selector="app=dra-train")
+            return items
+
+        def unschedulable(pod: dict[str, Any]) -> bool:
+            return any(c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+                       for c in (pod.get("status") or {}).get("conditions") or [])
+
+        async def placed() -> bool:
+            items = await pods()
+            return (sum(p["spec"].get("nodeName") == NODE for p in items) == GB300_PAIRS
+                    and sum(map(unschedulable, items)) == 1)
+        await until(placed, 120, f"{GB300_PAIRS} pods scheduled and one unschedulable")
+
+        gpus, nics = set(), set()
+        for scheduled in await pods():
+            if not scheduled["spec"].get("nodeName"):
+                continue
+            [status] = scheduled["status"]["resourceClaimStatuses"]
+            claim = await api.get(CLAIM, status["resourceClaimName"], namespace)
+            results = {r["request"]: r for r in
+                       claim["status"]["allocation"]["devices"]["results"]}
+            gpu, nic = results["gpu"], results["nic"]
+            assert (gpu["driver"], nic["driver"]) == (gpu_dra.GPU_DRIVER, dra.DRIVER)
+            assert roots[gpu["device"]] == roots[nic["device"]], (gpu, nic)
+            # The NIC's own root, as the PF's sysfs path has it: no GPU's.
+            own = attrs[nic["device"]][dra.NIC_PCIE_ROOT]["string"]
+            assert own == pcie_root(host, attrs[nic["device"]][dra.PCI_ADDRESS]["string"])
+            assert own != roots[gpu["device"]] and own not in gpu_roots, (own, gpu_roots)
+            gpus.add(gpu["device"])
+            nics.add(nic["device"])
+        assert len(gpus) == len(nics) == GB300_PAIRS
 
     try:
         asyncio.run(main())

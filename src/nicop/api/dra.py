@@ -46,6 +46,10 @@ PF_NAME = "pfName"  # string, VFs only: the netdev of the VF's PF
 VF_INDEX = "vfIndex"  # int, VFs only: N of the PF's virtfnN
 FIRMWARE_VERSION = "firmwareVersion"  # version (semver: leading zeros dropped, 22.38.1900)
 DRIVER_VERSION = "driverVersion"  # string, of the NVIDIA driver package ("25.10-1.2.8.0")
+# PFs with a Data Direct function (ConnectX-8 on GB300 and later), whose PCIE_ROOT is that
+# function's, the root the NIC shares with its GPU: the function and the PF's own root.
+DATA_DIRECT = "dataDirect"  # string, the function's PCI address ("0008:03:00.0")
+NIC_PCIE_ROOT = "nicPcieRoot"  # string, the PF's own root ("pci0000:00")
 
 KIND_PF, KIND_VF, KIND_SHARED = "pf", "vf", "shared"
 

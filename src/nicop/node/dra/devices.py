@@ -34,6 +34,7 @@ from typing import Any
 from nicop.api import dra
 from nicop.node import kernel
 from nicop.node.discovery import NETWORK_CLASS, PCI_DEVICES, Inventory, PciFunction
+from nicop.node.dra import data_direct
 from nicop.node.dra.slices import PoolContent
 from nicop.node.dra.vf_policy import Vf, VfPolicy
 from nicop.node.host import Host
@@ -182,6 +183,10 @@ def _device(
         pf_net = inv.pf_netdev(fn)
         attrs[dra.PF_NAME] = pf_net.name if pf_net else None
         attrs[dra.VF_INDEX] = fn.vf_index
+    direct = data_direct.function(inv, host, fn) if pf is None else None
+    if direct is not None:  # GPUDirect goes through it: its root is the one the GPU shares
+        attrs[dra.NIC_PCIE_ROOT], attrs[dra.DATA_DIRECT] = attrs[dra.PCIE_ROOT], direct
+        attrs[dra.PCIE_ROOT] = pcie_root(host, direct)
     firmware = _firmware(host, fn) or (_firmware(host, pf) if pf is not None else None)
     typed = {name: _typed(name, value) for name, value in attrs.items() if value is not None}
     if firmware:
