@@ -267,6 +267,7 @@ def _lowest_free(taken: set[int]) -> int:
 
 
 FAULTS_DIR = ".sim-faults"
+IOMMU_OFF = f"{FAULTS_DIR}/iommu-off"  # present: IOMMU disabled (BIOS or kernel command line)
 STOP_AFTER_NUMVFS = "stop-after-sriov_numvfs"  # the VFs exist, no driver is bound yet
 # What of a node's tree is its hardware and kernel (the rest, on a real node, is the node's own).
 HARDWARE_PATHS = ("/sys", "/dev/infiniband", "/proc/modules", "/proc/sys/kernel/osrelease",
@@ -443,9 +444,10 @@ class SimulatedHost(Host):
         self._file(f"{dev}/local_cpulist", NUMA_CPUS[numa % 2] if numa >= 0 else "0-223")
         self._file(f"{dev}/enable", "1")
         self._file(f"{dev}/driver_override", "(null)")
-        group = _lowest_free({int(g) for g in self.listdir(IOMMU_GROUPS)})
-        self._link(f"{IOMMU_GROUPS}/{group}/devices/{address}", dev)
-        self._link(f"{dev}/iommu_group", f"{IOMMU_GROUPS}/{group}")
+        if not self.exists(f"/{IOMMU_OFF}"):
+            group = _lowest_free({int(g) for g in self.listdir(IOMMU_GROUPS)})
+            self._link(f"{IOMMU_GROUPS}/{group}/devices/{address}", dev)
+            self._link(f"{dev}/iommu_group", f"{IOMMU_GROUPS}/{group}")
         self._link(f"{PCI_DEVICES}/{address}", dev)
         if driver:
             self._set_driver_link(address, driver)
@@ -644,9 +646,21 @@ class SimulatedHost(Host):
             self._file(f"{port}/state", "4: ACTIVE" if up else "1: DOWN")
             self._file(f"{port}/phys_state", "5: LinkUp" if up else "3: Disabled")
 
+    def set_iommu(self, enabled: bool) -> None:
+        """IOMMU off: functions made from now on (VFs) get no IOMMU group, and vfio-pci refuses
+        them, as the kernel's vfio-pci probe does."""
+        marker = self.path(f"/{IOMMU_OFF}")
+        if enabled:
+            marker.unlink(missing_ok=True)
+        else:
+            marker.parent.mkdir(exist_ok=True)
+            marker.touch()
+
     def bind_driver(self, address: str, driver: str | None) -> None:
         """Unbind the function's driver, then bind `driver` (`mlx5_core`, `vfio-pci`) if given."""
         dev = self._pci(address)
+        if driver == "vfio-pci" and self.link_name(f"{dev}/iommu_group") is None:
+            raise OSError(errno.EINVAL, "Invalid argument", f"{PCI_DRIVERS}/vfio-pci/bind")
         if self.link_name(f"{dev}/driver") == PF_DRIVER:
             self._remove_rdma(address)
             for name in self.listdir(f"{dev}/net"):

@@ -27,7 +27,7 @@ from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.types import PatchType
 from tests.integration.agent_loop import agents, allocatable, delete
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
@@ -39,6 +39,7 @@ from tests.integration.test_dra_alignment import (
     until,
 )
 from tests.integration.test_operator_node_policy import nnp_status, pod_nodes
+from tests.integration.watching import Watch
 
 from nicop.api import dra
 from nicop.api.labels import MOFED_WAIT_LABEL
@@ -48,7 +49,7 @@ from nicop.operator.states.base import name_hash
 from nicop_sim import gpu_dra
 from nicop_sim.cluster import LocalCluster
 from nicop_sim.dra_kubelet import ANNOTATION
-from nicop_sim.hardware import SimulatedHost
+from nicop_sim.hardware import STOP_AFTER_NUMVFS, SimulatedHost
 
 NicNodePolicy = create_global_resource(
     "mellanox.com", "v1alpha1", "NicNodePolicy", "nicnodepolicies")
@@ -440,6 +441,120 @@ def test_vfs_the_sriov_policy_creates_are_claimable_and_leave_the_slice_when_the
         delete(client, Pod, "pf-user", namespace)
         delete(client, SriovPolicy, "dgx-ib-vfs", NAMESPACE)
         wait_for(lambda: numvfs.read_text().strip() == "0", 120, "the VFs to be removed")
+
+
+def vf_user(namespace: str, pf_name: str, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A claim template for one VF of the PF `pf_name`, and a pod `name` claiming it."""
+    template = {
+        "apiVersion": dra.RESOURCE_API, "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"spec": {"devices": {"requests": [{"name": "vf", "exactly": {
+            "deviceClassName": dra.VF_CLASS, "selectors": [{"cel": {"expression": (
+                f'device.attributes["{dra.DRIVER}"].{dra.PF_NAME} == "{pf_name}"')}}],
+        }}]}}}}
+    _, pod = pf_user(namespace, name=name)
+    return template, pod
+
+
+def test_a_vf_claim_made_before_its_policy_binds_once_the_vf_is_ready_or_fails_saying_why(
+    client: Client, kubeconfig: Path, cluster: LocalCluster, namespace: str, deployed: None
+) -> None:
+    """Binding conditions (KEP-5007). A claim for a VF of ibp24s0 waits, Unschedulable, while no
+    policy makes VFs. A vfio-pci SriovNetworkNodePolicy then plans 2: the plugin publishes them
+    at once and the real scheduler allocates one, but binds the pod only when the plugin says
+    `VFReady`: the config daemon is held (stopped by the simulated kernel right after its
+    sriov_numvfs write, before it binds vfio-pci) until the scheduler has said it waits, and the
+    pod is bound once the daemon goes on. On a second PF with IOMMU off (vfio-pci refuses the
+    VFs) the daemon gives up: the claim's VF fails its binding with `VFFailed` and the daemon's
+    words, the scheduler frees it, the VFs are tainted `rdma.nicop.io/vf-failed`, the pod waits
+    and `nicop diagnose pod` says why."""
+    other_pf, other_name = "0000:40:00.0", "ibp64s0"  # the DGX's second InfiniBand NIC
+    host = SimulatedHost(cluster.node_root(DRA_NODE))
+    root = cluster.node_root(DRA_NODE) / "sys/bus/pci/devices"
+    seen: list[dict[str, Any]] = []  # every version of the namespace's claims
+    watch = Watch(lambda: client.watch(ResourceClaim, namespace=namespace), seen.append)
+
+    def pod(name: str) -> Pod:
+        return client.get(Pod, name, namespace=namespace)
+
+    def claim_of(name: str) -> dict[str, Any] | None:
+        statuses = pod(name).status.resourceClaimStatuses or []
+        return (client.get(ResourceClaim, statuses[0].resourceClaimName, namespace=namespace)
+                if statuses else None)
+
+    def daemon_stopped() -> int | None:
+        for agent in agents(cluster, DRA_NODE):
+            stat = Path(f"/proc/{agent.pid}/stat")
+            if agent.command == "sriov-config-daemon" and stat.exists() and \
+                    stat.read_text().rsplit(")", 1)[1].split()[0] == "T":
+                return agent.pid
+        return None
+
+    def scheduler_waits(name: str) -> bool:
+        return any(e.reason == "BindingConditionsPending" for e in client.list(
+            Event, namespace=namespace, fields={"involvedObject.name": name}))
+
+    def policy(name: str, pf_name: str) -> SriovPolicy:
+        return SriovPolicy(metadata=ObjectMeta(name=name, namespace=NAMESPACE), spec={
+            "resourceName": name.replace("-", "_"), "numVfs": 2, "deviceType": "vfio-pci",
+            "nodeSelector": {"kubernetes.io/hostname": DRA_NODE}, "linkType": "ib",
+            "nicSelector": {"pfNames": [pf_name]}})
+
+    create(kubeconfig, *vf_user(namespace, SRIOV_PF_NAME, "vf-early"))
+    try:
+        wait_for(lambda: any(c.reason == "Unschedulable"
+                             for c in pod("vf-early").status.conditions or []),
+                 60, "the claim to find no VF")
+        host.plant_fault(STOP_AFTER_NUMVFS)
+        client.apply(policy("early-vfs", SRIOV_PF_NAME), field_manager="test", force=True)
+        pid = wait_for(daemon_stopped, 180, "the config daemon held after making the VFs")
+        claim = wait_for(lambda: (c := claim_of("vf-early")) and
+                         (c.get("status") or {}).get("allocation") and c,
+                         60, "the claim allocated a planned VF")
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        assert result["bindingConditions"] == [dra.CONDITION_VF_READY]
+        wait_for(lambda: scheduler_waits("vf-early"), 60, "the scheduler to wait for the VF")
+        vf = result["device"].removeprefix("vf-").replace("-", ":", 2).replace("-", ".")
+        assert os.path.basename(os.readlink(root / vf / "driver")) == "mlx5_core"
+        assert not pod("vf-early").spec.nodeName, "bound before its VF is on vfio-pci"
+        os.kill(pid, signal.SIGCONT)
+        wait_for(lambda: pod("vf-early").spec.nodeName == DRA_NODE, 60,
+                 "the pod bound once its VF is ready")
+        assert os.path.basename(os.readlink(root / vf / "driver")) == "vfio-pci"
+        [entry] = _device_status(client, pod("vf-early"), namespace)
+        assert {(c["type"], c["status"]) for c in entry["conditions"]} >= {
+            (dra.CONDITION_VF_READY, "True")}
+
+        host.set_iommu(False)
+        create(kubeconfig, *vf_user(namespace, other_name, "vf-doomed"))
+        client.apply(policy("doomed-vfs", other_name), field_manager="test", force=True)
+
+        def failed() -> dict[str, Any] | None:
+            return next((c for obj in list(seen)
+                         for d in (obj.get("status") or {}).get("devices") or []
+                         for c in d.get("conditions") or []
+                         if c["type"] == dra.CONDITION_VF_FAILED), None)
+
+        condition = wait_for(failed, 120, "the VF's binding to fail")
+        assert condition["status"] == "True" and "IOMMU" in condition["message"], condition
+        assert other_name in condition["message"], condition
+        wait_for(lambda: not ((claim_of("vf-doomed") or {}).get("status") or {}).get(
+            "allocation"), 60, "the scheduler to free the claim")
+        said = diagnose_pod(kubeconfig, namespace, "vf-doomed")
+        assert dra.TAINT_VF_FAILED in said, said
+        assert not pod("vf-doomed").spec.nodeName
+    finally:
+        watch.stop()
+        host.set_iommu(True)
+        with contextlib.suppress(ProcessLookupError, TypeError):
+            os.kill(daemon_stopped(), signal.SIGCONT)  # type: ignore[arg-type]
+        for name in ("vf-early", "vf-doomed"):
+            delete(client, Pod, name, namespace)
+        delete(client, SriovPolicy, "early-vfs", NAMESPACE)
+        delete(client, SriovPolicy, "doomed-vfs", NAMESPACE)
+        for pf in (SRIOV_PF, other_pf):
+            wait_for(lambda pf=pf: (root / pf / "sriov_numvfs").read_text().strip() == "0",  # type: ignore[misc]
+                     120, f"the VFs of {pf} to be removed")
 
 
 def test_upstreams_sriov_resource_policy_chooses_the_vfs_and_their_attributes(

@@ -70,6 +70,7 @@ IB_SHARED_PODS = 1000
 # the key.
 TAINT_LINK_DOWN = f"{DRIVER}/link-down"
 TAINT_DRIVER_NOT_READY = f"{DRIVER}/driver-not-ready"
+TAINT_VF_FAILED = f"{DRIVER}/vf-failed"
 TAINT_NO_SCHEDULE = "NoSchedule"
 # What each taint means, and what makes it go, as `nicop diagnose` explains it.
 TAINT_MEANINGS = {
@@ -77,7 +78,17 @@ TAINT_MEANINGS = {
                      "goes when it is up",
     TAINT_DRIVER_NOT_READY: "the node's NIC driver is being loaded or upgraded (its driver "
                             "container is not Ready); the taint goes when it is",
+    TAINT_VF_FAILED: "the SR-IOV config daemon could not make this planned VF (its node "
+                     "state's lastSyncError says why: kubectl get sriovnetworknodestates -A); "
+                     "the taint goes when it tries again",
 }
+
+# Binding conditions (KEP-5007, DRADeviceBindingConditions: beta and on since Kubernetes 1.36)
+# of a VF published before it is ready: the scheduler allocates it but binds the pod only once
+# the plugin sets CONDITION_VF_READY in the claim's status.devices, and gives the device up when
+# it sets CONDITION_VF_FAILED (nicop.node.dra.binding).
+CONDITION_VF_READY = f"{DRIVER}/VFReady"
+CONDITION_VF_FAILED = f"{DRIVER}/VFFailed"
 
 # Where the plugin meets the kubelet and the container runtime, on the node (its DaemonSet
 # mounts them): its socket under the plugins directory, its registration socket, CDI specs.

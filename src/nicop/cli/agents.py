@@ -229,7 +229,8 @@ def dra_plugin(
     node_name: NodeName = "",
     namespace: Annotated[str, typer.Option(
         envvar="POD_NAMESPACE", help="Where the SR-IOV DRA driver's SriovResourcePolicies and "
-        "DeviceAttributes are read (the pod's namespace).")] = "default",
+        "DeviceAttributes, and the node's SriovNetworkNodeState, are read (the pod's "
+        "namespace, the operator's).")] = "default",
     kubeconfig: Kubeconfig = None,
     host_root: HostRoot = Path("/"),
     poll_interval: PollInterval = 1.0,
@@ -245,7 +246,9 @@ def dra_plugin(
     Serves the kubelet's DRA plugin API (registration in /var/lib/kubelet/plugins_registry),
     preparing allocated claims as CDI specs in /var/run/cdi. While the node's NIC driver is
     not ready (its mofed.wait label "true") the NICs stay published, tainted
-    rdma.nicop.io/driver-not-ready. On a simulated node (nicop-sim's
+    rdma.nicop.io/driver-not-ready. VFs that the node's SriovNetworkNodeState plans are
+    published before they are made, with binding conditions the plugin sets once each VF is
+    ready. On a simulated node (nicop-sim's
     platform) the node's simulated GPUs are published too, as the NVIDIA GPU DRA driver
     (gpu.nvidia.com) would, so GPU-NIC claims can be tried.
 
@@ -256,11 +259,13 @@ def dra_plugin(
     from nicop.api import dra
     from nicop.kube.client import ApiClient
     from nicop.node import discovery
-    from nicop.node.dra.devices import node_pool
+    from nicop.node.dra.binding import Binder
+    from nicop.node.dra.devices import Device, node_devices, pool_content
     from nicop.node.dra.driver_state import DriverWatch, held_while_reloading
     from nicop.node.dra.plugin import DraPlugin
     from nicop.node.dra.publisher import PoolSource, SlicePublisher
     from nicop.node.dra.slices import PoolContent
+    from nicop.node.dra.vf_plan import VfPlanWatch
     from nicop.node.dra.vf_policy import VfPolicyWatch
     from nicop.node.readiness import Readiness
 
@@ -274,14 +279,23 @@ def dra_plugin(
         client = ApiClient(kubeconfig)
         driver = DriverWatch(client, node_name)
         vfs = VfPolicyWatch(client, namespace)
+        planned = VfPlanWatch(client, namespace, node_name)
+        scanned: dict[str, Device] | None = None
 
         def nics() -> PoolContent:
-            policy = vfs.policy(driver.labels)
-            return node_pool(discovery.scan(host), host, shared=shared_rdma, vfs=policy)
+            nonlocal scanned
+            inventory, plan = discovery.scan(host), planned.plan()
+            devices = node_devices(inventory, host, shared=shared_rdma,
+                                   vfs=vfs.policy(driver.labels), plan=plan)
+            scanned = {d.name: d for d in devices}
+            return pool_content(devices, inventory, plan)
 
         sources[dra.DRIVER] = held_while_reloading(nics, driver)
-        watching = [asyncio.create_task(driver.run()), asyncio.create_task(vfs.run())]
-        await asyncio.gather(driver.informer.synced.wait(), vfs.synced())
+        binder = Binder(client, node_name, lambda: scanned, interval=poll_interval)
+        watching = [asyncio.create_task(driver.run()), asyncio.create_task(vfs.run()),
+                    asyncio.create_task(planned.run())]
+        await asyncio.gather(driver.informer.synced.wait(), vfs.synced(),
+                             planned.informer.synced.wait())
         publishers = [SlicePublisher(client, name, node_name, source, interval=poll_interval)
                       for name, source in sources.items()]
         plugin = DraPlugin(client, node_name, host)
@@ -294,7 +308,7 @@ def dra_plugin(
         await plugin.start()
         marking = asyncio.create_task(ready_once_published())
         try:
-            await asyncio.gather(*(p.run(stop) for p in publishers))
+            await asyncio.gather(binder.run(stop), *(p.run(stop) for p in publishers))
         finally:
             marking.cancel()
             for task in watching:

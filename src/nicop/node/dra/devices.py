@@ -10,7 +10,11 @@ What is published:
   (see `dra.POD_CAPACITY`);
 - a VF bound to a driver (vfio-pci counts), while its PF's link is up; once the SR-IOV DRA
   driver's SriovResourcePolicies exist, only the VFs they select, with the attributes of their
-  DeviceAttributes (nicop.node.dra.vf_policy). A VF shares its PF's port,
+  DeviceAttributes (nicop.node.dra.vf_policy);
+- a VF that the node's SriovNetworkNodeState plans but that is not ready yet (not made, not bound
+  to the driver its deviceType asks, or without its RDMA device): published ahead, under the name
+  it will have, with binding conditions (nicop.node.dra.vf_plan), and tainted
+  `rdma.nicop.io/vf-failed` once the config daemon gave up on its PF. A VF shares its PF's port,
   so with the PF down it can carry nothing: its device leaves the slice instead of staying
   allocatable with `linkUp: false`, and comes back, under the same name, when the link does.
 
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -36,6 +41,7 @@ from nicop.node import kernel
 from nicop.node.discovery import NETWORK_CLASS, PCI_DEVICES, Inventory, PciFunction
 from nicop.node.dra import data_direct
 from nicop.node.dra.slices import PoolContent
+from nicop.node.dra.vf_plan import VFIO, PlannedPf
 from nicop.node.dra.vf_policy import Vf, VfPolicy
 from nicop.node.host import Host
 
@@ -57,10 +63,14 @@ class Device:
     consumes: tuple[str, int] | None = None  # (counter set, VFs' worth of its PF)
     taints: tuple[dict[str, str], ...] = ()
     shared_pods: int | None = None  # a shared port: how many claims it takes
+    planned: PlannedPf | None = None  # a VF published before it is ready: its PF's plan
 
     def to_api(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name,
                                "attributes": dict(sorted(self.attributes.items()))}
+        if self.planned is not None:
+            out["bindingConditions"] = [dra.CONDITION_VF_READY]
+            out["bindingFailureConditions"] = [dra.CONDITION_VF_FAILED]
         if self.taints:
             out["taints"] = [dict(t) for t in self.taints]
         if self.shared_pods is not None:
@@ -81,18 +91,29 @@ def device_name(kind: str, address: str) -> str:
 
 
 def node_pool(inv: Inventory, host: Host, *, shared: bool = False,
-              vfs: VfPolicy | None = None) -> PoolContent:
+              vfs: VfPolicy | None = None,
+              plan: Mapping[str, PlannedPf] | None = None) -> PoolContent:
     """The node's devices and counter sets, as the node's pool of ResourceSlices holds them."""
-    return PoolContent([d.to_api() for d in node_devices(inv, host, shared=shared, vfs=vfs)],
-                       counter_sets(inv))
+    return pool_content(node_devices(inv, host, shared=shared, vfs=vfs, plan=plan), inv, plan)
 
 
-def counter_sets(inv: Inventory) -> list[dict[str, Any]]:
-    """One counter set per Mellanox PF with VFs: `vfs`, as many as the PF has."""
+def pool_content(devices: list[Device], inv: Inventory,
+                 plan: Mapping[str, PlannedPf] | None = None) -> PoolContent:
+    return PoolContent([d.to_api() for d in devices], counter_sets(inv, plan or {}))
+
+
+def counter_sets(inv: Inventory, plan: Mapping[str, PlannedPf]) -> list[dict[str, Any]]:
+    """One counter set per Mellanox PF with VFs, made or planned: `vfs`, as many."""
     return [{"name": device_name(dra.KIND_PF, fn.address),
-             "counters": {dra.VF_COUNTER: {"value": str(fn.num_vfs)}}}
+             "counters": {dra.VF_COUNTER: {"value": str(vf_slots(fn, plan))}}}
             for fn in sorted(inv.functions.values(), key=lambda f: f.address)
-            if _mellanox_nic(fn) and fn.pf is None and fn.num_vfs > 0]
+            if _mellanox_nic(fn) and fn.pf is None and vf_slots(fn, plan) > 0]
+
+
+def vf_slots(pf: PciFunction, plan: Mapping[str, PlannedPf]) -> int:
+    """The PF's VFs as the counter set counts them: those it has, or more if more are planned."""
+    planned = plan.get(pf.address)
+    return max(pf.num_vfs, planned.num_vfs if planned else 0)
 
 
 def _mellanox_nic(fn: PciFunction) -> bool:
@@ -100,39 +121,98 @@ def _mellanox_nic(fn: PciFunction) -> bool:
 
 
 def node_devices(inv: Inventory, host: Host, *, shared: bool = False,
-                 vfs: VfPolicy | None = None) -> list[Device]:
+                 vfs: VfPolicy | None = None,
+                 plan: Mapping[str, PlannedPf] | None = None) -> list[Device]:
     """The node's devices, ordered by name; with `shared`, ports without VFs as shared
     devices; with `vfs` (SriovResourcePolicies), only the VFs it selects, with its
-    attributes."""
+    attributes; with `plan` (the node state's spec), the planned VFs not ready yet too."""
+    plan = plan or {}
     driver_version = kernel.loaded_version(host)
     result = []
+    made: set[tuple[str, int | None]] = set()  # (PF, VF index) of the VFs already published
     for fn in inv.functions.values():
         if not _mellanox_nic(fn):
             continue
         if fn.pf is None:
-            if fn.rdma and (fn.num_vfs == 0 or link_up(fn)):
-                device = _device(inv, host, fn, None, driver_version)
-                if shared and fn.num_vfs == 0:
+            if fn.rdma and (vf_slots(fn, plan) == 0 or link_up(fn)):
+                device = _device(inv, host, fn, None, driver_version, plan)
+                if shared and vf_slots(fn, plan) == 0:
                     device = _shared(host, fn, device)
                 result.append(device)
             continue
         pf = inv.functions.get(fn.pf)
-        if pf is None or not fn.driver or pf.num_vfs == 0:
-            continue  # no PF, an unbound VF, or one going while sriov_numvfs is being reset
-        if not link_up(pf):
-            log.debug("VF %s left out: link of its PF %s is down", fn.address, pf.address)
+        if pf is None or pf.num_vfs == 0 or not link_up(pf):
+            continue  # no PF, a VF going while sriov_numvfs is being reset, or a PF link down
+        planned = plan.get(pf.address)
+        if planned is None and not fn.driver:
+            continue  # an unbound VF nobody plans
+        made.add((pf.address, fn.vf_index))
+        chosen = _with_policy(vfs, _device(inv, host, fn, pf, driver_version, plan), pf)
+        if chosen is not None and planned is not None and not _ready(fn, planned):
+            chosen = _pending(chosen, planned)
+        if chosen is not None:
+            result.append(chosen)
+    for planned in plan.values():
+        pf = inv.functions.get(planned.address)
+        if pf is None or not _mellanox_nic(pf) or not link_up(pf):
             continue
-        device = _device(inv, host, fn, pf, driver_version)
-        if vfs is not None:
-            pf_net = inv.pf_netdev(fn)
-            extra = vfs.attributes(Vf(fn.vendor, fn.device, fn.address,
-                                      pf_net.name if pf_net else None, pf.address,
-                                      _link_type(fn)))
-            if extra is None:
-                continue  # no SriovResourcePolicy selects it
-            device = replace(device, attributes={**extra, **device.attributes})
-        result.append(device)
+        for index in range(planned.num_vfs):
+            if (pf.address, index) not in made:
+                vf = _planned_vf(host, pf, index)
+                if vf is None:
+                    continue
+                chosen = _with_policy(vfs, _device(inv, host, vf, pf, driver_version, plan), pf)
+                if chosen is not None:
+                    result.append(_pending(chosen, planned))
     return sorted(result, key=lambda d: d.name)
+
+
+def _with_policy(vfs: VfPolicy | None, device: Device, pf: PciFunction) -> Device | None:
+    """A VF with the attributes of the SriovResourcePolicy selecting it; None if none does
+    (with no policies at all, every VF as it is)."""
+    if vfs is None:
+        return device
+    attrs = device.attributes
+    extra = vfs.attributes(Vf(
+        attrs[dra.VENDOR_ID]["string"], attrs[dra.DEVICE_ID]["string"],
+        attrs[dra.PCI_ADDRESS]["string"], pf.netdev.name if pf.netdev else None, pf.address,
+        attrs[dra.LINK_TYPE]["string"]))
+    if extra is None:
+        return None  # no SriovResourcePolicy selects it
+    return replace(device, attributes={**extra, **attrs})
+
+
+def _ready(vf: PciFunction, planned: PlannedPf) -> bool:
+    """Bound to the driver its deviceType asks; on the kernel's driver, with its RDMA device."""
+    if vf.vf_index in planned.vfio:
+        return vf.driver == VFIO
+    return bool(vf.driver) and vf.driver != VFIO and bool(vf.rdma)
+
+
+def _pending(device: Device, planned: PlannedPf) -> Device:
+    """A planned VF: binding conditions, and once its PF failed, the taint that says so."""
+    taints = device.taints
+    if planned.failure is not None:
+        taints = (*taints, {"key": dra.TAINT_VF_FAILED, "value": device.name,
+                            "effect": dra.TAINT_NO_SCHEDULE})
+    return replace(device, planned=planned, taints=taints)
+
+
+def _planned_vf(host: Host, pf: PciFunction, index: int) -> PciFunction | None:
+    """A VF not made yet, where its PF's SR-IOV capability places it (sriov_offset, _stride);
+    its own attributes (netdev, MAC, RDMA device) come once it exists."""
+    base = f"{PCI_DEVICES}/{pf.address}"
+    offset, stride = host.read_int(f"{base}/sriov_offset"), host.read_int(f"{base}/sriov_stride")
+    vf_device = (host.read(f"{base}/sriov_vf_device") or "").removeprefix("0x")
+    if offset is None or stride is None or not vf_device:
+        return None
+    domain, bus, rest = pf.address.split(":")
+    slot, function = rest.split(".")
+    position = (int(slot, 16) << 3 | int(function)) + offset + stride * index
+    address = (f"{domain}:{int(bus, 16) + (position >> 8):02x}:"
+               f"{(position & 0xFF) >> 3:02x}.{position & 7:x}")
+    return replace(pf, address=address, device=vf_device, driver=None, netdevs=(), rdma=(),
+                   pf=pf.address, vf_index=index, total_vfs=None, num_vfs=0, acpi_index=None)
 
 
 def link_up(fn: PciFunction) -> bool:
@@ -155,7 +235,7 @@ def pcie_root(host: Host, address: str) -> str | None:
 
 def _device(
     inv: Inventory, host: Host, fn: PciFunction, pf: PciFunction | None,
-    driver_version: str | None,
+    driver_version: str | None, plan: Mapping[str, PlannedPf],
 ) -> Device:
     kind = dra.KIND_VF if pf is not None else dra.KIND_PF
     link_type = _link_type(fn)
@@ -164,13 +244,13 @@ def _device(
         dra.KIND: kind,
         dra.PCI_ADDRESS: fn.address,
         dra.PCI_BUS_ID: fn.address,
-        dra.PCIE_ROOT: pcie_root(host, fn.address),
+        dra.PCIE_ROOT: pcie_root(host, fn.address) or (pcie_root(host, pf.address) if pf else None),
         dra.NUMA_NODE: fn.numa_node,
         dra.STANDARD_NUMA_NODE: fn.numa_node if fn.numa_node >= 0 else None,
         dra.VENDOR_ID: fn.vendor,
         dra.DEVICE_ID: fn.device,
         dra.LINK_TYPE: link_type,
-        dra.LINK_UP: link_up(fn),
+        dra.LINK_UP: link_up(pf if pf is not None else fn),  # a VF has its PF's port
         dra.RDMA_DEVICE: rdma,
         dra.NETDEV: fn.netdev.name if fn.netdev else None,
         dra.DRIVER_VERSION: driver_version,
@@ -180,7 +260,7 @@ def _device(
     elif fn.netdev is not None:
         attrs[dra.MAC_ADDRESS] = host.read(f"/sys/class/net/{fn.netdev.name}/address")
     if pf is not None:
-        pf_net = inv.pf_netdev(fn)
+        pf_net = pf.netdev
         attrs[dra.PF_NAME] = pf_net.name if pf_net else None
         attrs[dra.VF_INDEX] = fn.vf_index
     direct = data_direct.function(inv, host, fn) if pf is None else None
@@ -193,9 +273,9 @@ def _device(
         typed[dra.FIRMWARE_VERSION] = {"version": firmware}
     counter_pf = pf if pf is not None else fn
     consumes = None
-    if counter_pf.num_vfs > 0:
+    if vf_slots(counter_pf, plan) > 0:
         consumes = (device_name(dra.KIND_PF, counter_pf.address),
-                    1 if pf is not None else fn.num_vfs)
+                    1 if pf is not None else vf_slots(fn, plan))
     taints = () if attrs[dra.LINK_UP] else ({
         "key": dra.TAINT_LINK_DOWN, "value": fn.netdev.name if fn.netdev else fn.address,
         "effect": dra.TAINT_NO_SCHEDULE},)

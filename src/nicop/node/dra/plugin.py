@@ -196,11 +196,17 @@ class DraPlugin:
         now = stamp()
         devices = []
         for result, fn in prepared:
+            # The binding conditions the binder set are true by now; written again so that
+            # this apply, under the same field manager, keeps them.
+            conditions = [{"type": kind, "status": "True", "reason": kind.rsplit("/")[-1],
+                           "message": f"the VF is made and bound on node {self.node_name}",
+                           "lastTransitionTime": now}
+                          for kind in result.get("bindingConditions") or []]
             entry: dict[str, Any] = {
                 "driver": dra.DRIVER, "pool": self.node_name, "device": result["device"],
                 "conditions": [{"type": "Ready", "status": "True", "reason": "Prepared",
                                 "message": f"prepared on node {self.node_name}",
-                                "lastTransitionTime": now}]}
+                                "lastTransitionTime": now}, *conditions]}
             if result.get("shareID"):
                 entry["shareID"] = result["shareID"]
             if fn.pf is not None and fn.netdev is not None:

@@ -43,6 +43,9 @@ RULES: list[Obj] = [
     {"apiGroups": [RESOURCE_GROUP], "resources": ["resourceclaims/driver"],
      "resourceNames": [dra.DRIVER], "verbs": ["associated-node:patch"]},
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+    # Its node's SriovNetworkNodeState: the VFs planned, published before they are made.
+    {"apiGroups": ["sriovnetwork.openshift.io"], "resources": ["sriovnetworknodestates"],
+     "verbs": ["get", "list", "watch"]},
     # The SR-IOV DRA driver's API: which VFs to advertise, with which attributes.
     {"apiGroups": ["sriovnetwork.k8snetworkplumbingwg.io"],
      "resources": ["sriovresourcepolicies", "deviceattributes"],
