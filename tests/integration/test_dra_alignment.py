@@ -209,8 +209,12 @@ def test_a_gb300s_four_gpu_nic_pairs_align_through_data_direct_and_a_fifth_waits
             return {d["name"]: d for s in await node_slices(api)
                     for d in s["spec"].get("devices") or []}
 
-        async def published() -> bool:
-            return len(await devices()) == 2 * GB300_PAIRS
+        expected = {d.name for d in node_devices(discovery.scan(host), host)} | {
+            d["name"] for d in gpu_dra.gpu_devices(host)}
+        assert len(expected) == 2 * GB300_PAIRS
+
+        async def published() -> bool:  # the GB300's own, not a node-1 of an earlier test
+            return set(await devices()) == expected
         await until(published, 60, "the GB300's NICs and GPUs in its slices")
         attrs = {name: d["attributes"] for name, d in (await devices()).items()}
         roots = {name: a[dra.PCIE_ROOT]["string"] for name, a in attrs.items()}
@@ -219,7 +223,9 @@ def test_a_gb300s_four_gpu_nic_pairs_align_through_data_direct_and_a_fifth_waits
         template, pod = example("gpu-and-nic.yaml", namespace)
         await api.create(template, res=CLAIM_TEMPLATE)
         for i in range(GB300_PAIRS + 1):
-            await api.create(pod_named(pod, f"train-{i}"))
+            pinned = pod_named(pod, f"train-{i}")  # other nodes may publish GPU-NIC pairs too
+            pinned["spec"]["nodeSelector"] = {"kubernetes.io/hostname": NODE}
+            await api.create(pinned)
 
         async def pods() -> list[dict[str, Any]]:
             items, _ = await api.list(POD, namespace, label_selector="app=dra-train")

@@ -164,6 +164,19 @@ def test_pfs_dropped_from_the_spec_are_reset_only_if_configured_here(host: Kerne
     assert not plan({}, discover(host), PfStore(host).load())
 
 
+def test_a_pf_whose_apply_failed_half_way_is_reset_when_dropped(host: KernelHost) -> None:
+    """IOMMU off: the VFs are made but vfio-pci refuses them, so the apply fails after
+    sriov_numvfs; the policy deleted, the PF's VFs still go (it was configured here)."""
+    host.set_iommu(False)
+    wanted = spec(2)
+    wanted["interfaces"][0]["vfGroups"][0]["deviceType"] = "vfio-pci"
+    with pytest.raises(ApplyError, match="no IOMMU group"):
+        converge(host, wanted)
+    assert len(host.vfs(PF0)) == 2
+    work = converge(host, {})
+    assert [pf["name"] for pf in work.reset] == [PF0] and host.vfs(PF0) == []
+
+
 def test_a_link_type_change_is_firmware_and_a_reboot(host: KernelHost) -> None:
     wanted = spec(8)
     wanted["interfaces"][0]["linkType"] = "ib"

@@ -490,8 +490,8 @@ def apply_work(kernel: Kernel, store: PfStore, firmware: Firmware, work: Work) -
         reset_pf(kernel, found)
         store.remove(found["pciAddress"])
     for spec_iface, found, _ in work.update:
+        store.save(spec_iface)  # ours from the first write: a half-applied PF is reset too
         apply_pf(kernel, spec_iface, found)
-        store.save(spec_iface)
     return False
 
 
