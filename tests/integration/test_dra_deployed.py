@@ -49,7 +49,7 @@ from nicop.operator.states.base import name_hash
 from nicop_sim import gpu_dra
 from nicop_sim.cluster import LocalCluster
 from nicop_sim.dra_kubelet import ANNOTATION
-from nicop_sim.hardware import STOP_AFTER_NUMVFS, SimulatedHost
+from nicop_sim.hardware import SimulatedHost
 
 NicNodePolicy = create_global_resource(
     "mellanox.com", "v1alpha1", "NicNodePolicy", "nicnodepolicies")
@@ -462,9 +462,9 @@ def test_a_vf_claim_made_before_its_policy_binds_once_the_vf_is_ready_or_fails_s
     """Binding conditions (KEP-5007). A claim for a VF of ibp24s0 waits, Unschedulable, while no
     policy makes VFs. A vfio-pci SriovNetworkNodePolicy then plans 2: the plugin publishes them
     at once and the real scheduler allocates one, but binds the pod only when the plugin says
-    `VFReady`: the config daemon is held (stopped by the simulated kernel right after its
-    sriov_numvfs write, before it binds vfio-pci) until the scheduler has said it waits, and the
-    pod is bound once the daemon goes on. On a second PF with IOMMU off (vfio-pci refuses the
+    `VFReady`: the config daemon is held (SIGSTOP) so the VFs do not exist yet when the scheduler
+    says it waits, and the pod is bound once the daemon goes on and has made them and bound them
+    to vfio-pci. On a second PF with IOMMU off (vfio-pci refuses the
     VFs) the daemon gives up: the claim's VF fails its binding with `VFFailed` and the daemon's
     words, the scheduler frees it, the VFs are tainted `rdma.nicop.io/vf-failed`, the pod waits
     and `nicop diagnose pod` says why."""
@@ -482,13 +482,7 @@ def test_a_vf_claim_made_before_its_policy_binds_once_the_vf_is_ready_or_fails_s
         return (client.get(ResourceClaim, statuses[0].resourceClaimName, namespace=namespace)
                 if statuses else None)
 
-    def daemon_stopped() -> int | None:
-        for agent in agents(cluster, DRA_NODE):
-            stat = Path(f"/proc/{agent.pid}/stat")
-            if agent.command == "sriov-config-daemon" and stat.exists() and \
-                    stat.read_text().rsplit(")", 1)[1].split()[0] == "T":
-                return agent.pid
-        return None
+    [daemon] = [a.pid for a in agents(cluster, DRA_NODE) if a.command == "sriov-config-daemon"]
 
     def scheduler_waits(name: str) -> bool:
         return any(e.reason == "BindingConditionsPending" for e in client.list(
@@ -505,9 +499,8 @@ def test_a_vf_claim_made_before_its_policy_binds_once_the_vf_is_ready_or_fails_s
         wait_for(lambda: any(c.reason == "Unschedulable"
                              for c in pod("vf-early").status.conditions or []),
                  60, "the claim to find no VF")
-        host.plant_fault(STOP_AFTER_NUMVFS)
+        os.kill(daemon, signal.SIGSTOP)
         client.apply(policy("early-vfs", SRIOV_PF_NAME), field_manager="test", force=True)
-        pid = wait_for(daemon_stopped, 180, "the config daemon held after making the VFs")
         claim = wait_for(lambda: (c := claim_of("vf-early")) and
                          (c.get("status") or {}).get("allocation") and c,
                          60, "the claim allocated a planned VF")
@@ -515,9 +508,9 @@ def test_a_vf_claim_made_before_its_policy_binds_once_the_vf_is_ready_or_fails_s
         assert result["bindingConditions"] == [dra.CONDITION_VF_READY]
         wait_for(lambda: scheduler_waits("vf-early"), 60, "the scheduler to wait for the VF")
         vf = result["device"].removeprefix("vf-").replace("-", ":", 2).replace("-", ".")
-        assert os.path.basename(os.readlink(root / vf / "driver")) == "mlx5_core"
-        assert not pod("vf-early").spec.nodeName, "bound before its VF is on vfio-pci"
-        os.kill(pid, signal.SIGCONT)
+        assert not (root / vf).exists()
+        assert not pod("vf-early").spec.nodeName, "bound before its VF exists"
+        os.kill(daemon, signal.SIGCONT)
         wait_for(lambda: pod("vf-early").spec.nodeName == DRA_NODE, 60,
                  "the pod bound once its VF is ready")
         assert os.path.basename(os.readlink(root / vf / "driver")) == "vfio-pci"
@@ -546,8 +539,8 @@ def test_a_vf_claim_made_before_its_policy_binds_once_the_vf_is_ready_or_fails_s
     finally:
         watch.stop()
         host.set_iommu(True)
-        with contextlib.suppress(ProcessLookupError, TypeError):
-            os.kill(daemon_stopped(), signal.SIGCONT)  # type: ignore[arg-type]
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(daemon, signal.SIGCONT)
         for name in ("vf-early", "vf-doomed"):
             delete(client, Pod, name, namespace)
         delete(client, SriovPolicy, "early-vfs", NAMESPACE)
