@@ -142,7 +142,7 @@ def test_names_are_dns_labels_unique_and_stable_and_devices_fit_the_api(tmp_path
                 assert len(typed["string"]) <= dra.MAX_STRING_LENGTH
 
 
-def test_vfio_vfs_stay_unbound_vfs_and_pfs_without_rdma_go(tmp_path: Path) -> None:
+def test_vfio_vfs_stay_unbound_vfs_go_and_a_pf_without_rdma_is_tainted(tmp_path: Path) -> None:
     host = SimulatedHost.build(tmp_path, "cx7-ib")
     host.set_numvfs("ibp75s0", 3)
     _, vf1, vf2 = host.vfs("ibp75s0")
@@ -156,7 +156,10 @@ def test_vfio_vfs_stay_unbound_vfs_and_pfs_without_rdma_go(tmp_path: Path) -> No
     assert vfio.attributes[dra.FIRMWARE_VERSION] == {"version": "28.39.1002"}  # the PF's
     assert value(devices["vf-0000-4b-00-1"], dra.PORT_GUID) is None  # no GUID assigned yet
     host.remove_rdma("ibp75s0")
-    assert "pf-0000-4b-00-0" not in devices_of(host)
+    gone = devices_of(host)["pf-0000-4b-00-0"].to_api()
+    assert gone["taints"] == [{"key": dra.TAINT_RDMA_MISSING, "value": "ibp75s0",
+                               "effect": "NoSchedule"}]
+    assert dra.RDMA_DEVICE not in gone["attributes"]
 
 
 def test_driver_and_firmware_versions(tmp_path: Path) -> None:

@@ -70,6 +70,7 @@ IB_SHARED_PODS = 1000
 # the key.
 TAINT_LINK_DOWN = f"{DRIVER}/link-down"
 TAINT_DRIVER_NOT_READY = f"{DRIVER}/driver-not-ready"
+TAINT_RDMA_MISSING = f"{DRIVER}/rdma-missing"
 TAINT_VF_FAILED = f"{DRIVER}/vf-failed"
 TAINT_NO_SCHEDULE = "NoSchedule"
 # What each taint means, and what makes it go, as `nicop diagnose` explains it.
@@ -78,6 +79,9 @@ TAINT_MEANINGS = {
                      "goes when it is up",
     TAINT_DRIVER_NOT_READY: "the node's NIC driver is being loaded or upgraded (its driver "
                             "container is not Ready); the taint goes when it is",
+    TAINT_RDMA_MISSING: "the port has its netdev but no RDMA device (mlx5_ib not loaded, or "
+                        "the RDMA device was removed): pods would get no /dev/infiniband; the "
+                        "taint goes when it is back",
     TAINT_VF_FAILED: "the SR-IOV config daemon could not make this planned VF (its node "
                      "state's lastSyncError says why: kubectl get sriovnetworknodestates -A); "
                      "the taint goes when it tries again",

@@ -4,7 +4,9 @@ claims select on (kind, link, NUMA node, PCIe root for GPU alignment, PF and VF 
 What is published:
 - a PF with an RDMA device, whatever its link state (`linkUp` tells; a claim can require it);
   with its link down it carries the taint `rdma.nicop.io/link-down` (NoSchedule), so new claims
-  go elsewhere unless they tolerate it, and it loses the taint when the link is back;
+  go elsewhere unless they tolerate it, and it loses the taint when the link is back; a PF
+  whose RDMA device is gone (mlx5_ib unloaded, the device removed) stays, its netdev still
+  there, tainted `rdma.nicop.io/rdma-missing`, until the RDMA device is back;
 - with `shared` (draDriver.sharedRdma), a PF without VFs as one shared device instead
   (`shared-0000-3b-00-0`, kind `shared`): many claims at once, each taking one of its `pods`
   (see `dra.POD_CAPACITY`);
@@ -134,7 +136,7 @@ def node_devices(inv: Inventory, host: Host, *, shared: bool = False,
         if not _mellanox_nic(fn):
             continue
         if fn.pf is None:
-            if fn.rdma and (vf_slots(fn, plan) == 0 or link_up(fn)):
+            if (fn.rdma or fn.netdev) and (vf_slots(fn, plan) == 0 or link_up(fn)):
                 device = _device(inv, host, fn, None, driver_version, plan)
                 if shared and vf_slots(fn, plan) == 0:
                     device = _shared(host, fn, device)
@@ -276,9 +278,10 @@ def _device(
     if vf_slots(counter_pf, plan) > 0:
         consumes = (device_name(dra.KIND_PF, counter_pf.address),
                     1 if pf is not None else vf_slots(fn, plan))
-    taints = () if attrs[dra.LINK_UP] else ({
-        "key": dra.TAINT_LINK_DOWN, "value": fn.netdev.name if fn.netdev else fn.address,
-        "effect": dra.TAINT_NO_SCHEDULE},)
+    value = fn.netdev.name if fn.netdev else fn.address
+    taints = tuple({"key": key, "value": value, "effect": dra.TAINT_NO_SCHEDULE} for key, on in (
+        (dra.TAINT_LINK_DOWN, not attrs[dra.LINK_UP]),
+        (dra.TAINT_RDMA_MISSING, pf is None and not fn.rdma)) if on)
     return Device(device_name(kind, fn.address), {k: v for k, v in typed.items() if v}, consumes,
                   taints)
 
