@@ -65,6 +65,8 @@ OperatorConfig = create_namespaced_resource("sriovnetwork.openshift.io", "v1",
                                             "SriovOperatorConfig", "sriovoperatorconfigs")
 SriovPolicy = create_namespaced_resource("sriovnetwork.openshift.io", "v1",
                                          "SriovNetworkNodePolicy", "sriovnetworknodepolicies")
+NodeState = create_namespaced_resource("sriovnetwork.openshift.io", "v1",
+                                       "SriovNetworkNodeState", "sriovnetworknodestates")
 SriovResourcePolicy = create_namespaced_resource(
     "sriovnetwork.k8snetworkplumbingwg.io", "v1alpha1", "SriovResourcePolicy",
     "sriovresourcepolicies")
@@ -482,7 +484,9 @@ def test_a_vf_claim_made_before_its_policy_binds_once_the_vf_is_ready_or_fails_s
         return (client.get(ResourceClaim, statuses[0].resourceClaimName, namespace=namespace)
                 if statuses else None)
 
-    [daemon] = [a.pid for a in agents(cluster, DRA_NODE) if a.command == "sriov-config-daemon"]
+    def config_daemon() -> int | None:
+        return next((a.pid for a in agents(cluster, DRA_NODE)
+                     if a.command == "sriov-config-daemon"), None)
 
     def scheduler_waits(name: str) -> bool:
         return any(e.reason == "BindingConditionsPending" for e in client.list(
@@ -499,6 +503,12 @@ def test_a_vf_claim_made_before_its_policy_binds_once_the_vf_is_ready_or_fails_s
         wait_for(lambda: any(c.reason == "Unschedulable"
                              for c in pod("vf-early").status.conditions or []),
                  60, "the claim to find no VF")
+        # The config daemons run while a policy exists: one that selects no PF starts them.
+        client.apply(policy("no-vfs", "no-such-pf"), field_manager="test", force=True)
+        daemon = wait_for(config_daemon, 120, f"the config daemon on {DRA_NODE}")
+        wait_for(lambda: (client.get(NodeState, DRA_NODE, namespace=NAMESPACE).get("status")
+                          or {}).get("syncStatus") == "Succeeded", 60,
+                 "the daemon to report the node's PFs (the operator plans from them)")
         os.kill(daemon, signal.SIGSTOP)
         client.apply(policy("early-vfs", SRIOV_PF_NAME), field_manager="test", force=True)
         claim = wait_for(lambda: (c := claim_of("vf-early")) and
@@ -539,11 +549,12 @@ def test_a_vf_claim_made_before_its_policy_binds_once_the_vf_is_ready_or_fails_s
     finally:
         watch.stop()
         host.set_iommu(True)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(daemon, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError, TypeError):
+            os.kill(config_daemon(), signal.SIGCONT)  # type: ignore[arg-type]
         for name in ("vf-early", "vf-doomed"):
             delete(client, Pod, name, namespace)
         delete(client, SriovPolicy, "early-vfs", NAMESPACE)
+        delete(client, SriovPolicy, "no-vfs", NAMESPACE)
         delete(client, SriovPolicy, "doomed-vfs", NAMESPACE)
         for pf in (SRIOV_PF, other_pf):
             wait_for(lambda pf=pf: (root / pf / "sriov_numvfs").read_text().strip() == "0",  # type: ignore[misc]
