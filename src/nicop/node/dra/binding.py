@@ -37,15 +37,17 @@ Devices = Callable[[], Mapping[str, Device] | None]  # None until the first scan
 def binding_conditions(device: Device | None, node_name: str) -> list[dict[str, str]] | None:
     """The conditions to set for an allocated device with binding conditions; None while the
     answer is not known yet (the VF is still being made)."""
-    if device is not None and device.planned is None:
+    if device is None:
+        why = (f"the device is no longer planned on node {node_name} (its SR-IOV policy was "
+               "removed, or its PF's link is down)")
+    elif device.planned is None:
         return [_condition(dra.CONDITION_VF_READY, "VFReady",
                            f"the VF is made and bound on node {node_name}")]
-    if device is not None and device.planned is not None and device.planned.failure is None:
+    elif device.planned.failure is None:
         return None
-    why = (device.planned.failure if device is not None and device.planned is not None else
-           f"the device is no longer planned on node {node_name} (its SR-IOV policy was "
-           "removed, or its PF's link is down)")
-    return [_condition(dra.CONDITION_VF_FAILED, "VFNotMade", str(why))]
+    else:
+        why = device.planned.failure
+    return [_condition(dra.CONDITION_VF_FAILED, "VFNotMade", why)]
 
 
 def _condition(kind: str, reason: str, message: str) -> dict[str, str]:
@@ -82,10 +84,6 @@ class Binder:
         self.claims.on_change(lambda *_: self._changed.set())
         self._answered: set[tuple[str, str, str]] = set()  # see _key
 
-    @property
-    def synced(self) -> asyncio.Event:
-        return self.claims.synced
-
     async def run(self, stop: asyncio.Event) -> None:
         """Until `stop`: answer at every claim change and every rescan `interval`."""
         watching = asyncio.create_task(self.claims.run())
@@ -120,10 +118,7 @@ class Binder:
     async def _write(self, claim: Obj, entries: list[dict[str, Any]]) -> None:
         meta = claim["metadata"]
         try:
-            await self.client.apply({
-                "apiVersion": dra.RESOURCE_API, "kind": "ResourceClaim",
-                "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-                "status": {"devices": entries}}, subresource="status", res=RESOURCE_CLAIM)
+            await apply_device_status(self.client, meta, entries)
         except ApiError as e:  # deallocated meanwhile, or the API server away: next round
             log.warning("%s: cannot set the binding conditions of claim %s/%s: %s", dra.DRIVER,
                         meta["namespace"], meta["name"], e)
@@ -133,6 +128,16 @@ class Binder:
             [*_, last] = entry["conditions"]
             log.info("%s: claim %s/%s, device %s: %s (%s)", dra.DRIVER, meta["namespace"],
                      meta["name"], entry["device"], last["type"], last["message"])
+
+
+async def apply_device_status(client: ApiClient, meta: Obj, entries: list[dict[str, Any]]
+                              ) -> None:
+    """Server-side apply of this driver's entries of a claim's status.devices (other drivers'
+    stay theirs)."""
+    await client.apply({
+        "apiVersion": dra.RESOURCE_API, "kind": "ResourceClaim",
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        "status": {"devices": entries}}, subresource="status", res=RESOURCE_CLAIM)
 
 
 def _key(claim: Obj, device: str) -> tuple[str, str, str]:

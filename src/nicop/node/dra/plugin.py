@@ -38,6 +38,7 @@ from nicop.kube.times import stamp
 from nicop.node import discovery
 from nicop.node.dra import dra_pb2 as pb
 from nicop.node.dra import registration_pb2 as reg
+from nicop.node.dra.binding import apply_device_status
 from nicop.node.dra.devices import device_name
 from nicop.node.host import Host
 
@@ -218,10 +219,7 @@ class DraPlugin:
             devices.append(entry)
         meta = claim["metadata"]
         try:
-            await self.client.apply({
-                "apiVersion": dra.RESOURCE_API, "kind": "ResourceClaim",
-                "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-                "status": {"devices": devices}}, subresource="status", res=RESOURCE_CLAIM)
+            await apply_device_status(self.client, meta, devices)
         except ApiError as e:
             log.warning("%s: claim %s/%s prepared, but its device status not written: %s",
                         dra.DRIVER, meta["namespace"], meta["name"], e)
