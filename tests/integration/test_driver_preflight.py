@@ -113,10 +113,9 @@ def test_an_upgrade_that_would_hurt_the_node_is_held_there_until_fixed(
                         what=f"the driver agent on {NODE} to hold the reload")
         assert said in held and fix in held, held
         assert version_matches(loaded(cluster), old)  # the running driver stays
-        events = [e for e in client.list(Event, namespace="default",
-                                         fields={"involvedObject.name": NODE})
-                  if e.reason == "DriverReloadRefused"]
-        assert any(said in e.message for e in events), [e.message for e in events]
+        # the agent records the Event after it annotates the node
+        wait_for(lambda: any(said in e.message for e in refusals(client)), timeout=30,
+                 what=f"a DriverReloadRefused Event on {NODE} saying {said!r}")
         report = diagnose(kubeconfig)
         assert "holds the driver reload" in report and said in report and fix in report, report
     finally:
@@ -129,6 +128,12 @@ def test_an_upgrade_that_would_hurt_the_node_is_held_there_until_fixed(
 
 def annotations(client: Client) -> dict[str, str]:
     return dict(client.get(Node, NODE).metadata.annotations or {})
+
+
+def refusals(client: Client) -> list[Event]:
+    return [e for e in client.list(Event, namespace="default",
+                                   fields={"involvedObject.name": NODE})
+            if e.reason == "DriverReloadRefused"]
 
 
 def upgraded(client: Client, cluster: LocalCluster, version: str) -> bool:
