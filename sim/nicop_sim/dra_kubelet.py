@@ -135,8 +135,7 @@ class DraKubelet:
         for pod in self.pods.store.items():
             meta = pod["metadata"]
             done = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-            if (pod.get("spec") or {}).get("resourceClaims") and not meta.get(
-                    "deletionTimestamp") and not done:
+            if claim_entries(pod) and not meta.get("deletionTimestamp") and not done:
                 current[meta["uid"]] = pod
         for uid in set(self._prepared) - set(current):
             self._releasing[uid] = self._prepared.pop(uid)
@@ -153,7 +152,7 @@ class DraKubelet:
                  (pod.get("status") or {}).get("resourceClaimStatuses") or []}
         prepared = Prepared()
         problems = []
-        for entry in pod["spec"]["resourceClaims"]:
+        for entry in claim_entries(pod):
             claim_name = entry.get("resourceClaimName") or names.get(entry["name"])
             if not claim_name:
                 return  # the claim is not made yet: the pod waits
@@ -184,7 +183,9 @@ class DraKubelet:
                     problems.append(f"{driver}: {result.error if result else 'no answer'}")
                     continue
                 prepared.claims.setdefault(driver, []).append(ref)
-                ids += [i for d in result.devices for i in d.cdi_device_ids]
+                ids += [i for d in result.devices for i in d.cdi_device_ids
+                        if entry.get("requests") is None
+                        or set(d.request_names) & set(entry["requests"])]
             prepared.devices[entry["name"]] = ids
         record: dict[str, Any] = {"devices": prepared.devices}
         if problems:  # the kubelet retries; what failed is on the pod meanwhile
@@ -220,6 +221,21 @@ class DraKubelet:
                 continue
             del prepared.claims[driver]
         return not prepared.claims
+
+
+def claim_entries(pod: Obj) -> list[Obj]:
+    """The pod's claims: those of its spec, and the one the scheduler made for its extended
+    resources served by DRA (status.extendedResourceClaimStatus), an entry per resource name
+    with the claim's requests that serve it, as the kubelet hands their devices to containers."""
+    entries = list((pod.get("spec") or {}).get("resourceClaims") or [])
+    extended = (pod.get("status") or {}).get("extendedResourceClaimStatus")
+    if extended:
+        requests: dict[str, list[str]] = {}
+        for mapping in extended.get("requestMappings") or []:
+            requests.setdefault(mapping["resourceName"], []).append(mapping["requestName"])
+        entries += [{"name": resource, "resourceClaimName": extended["resourceClaimName"],
+                     "requests": names} for resource, names in sorted(requests.items())]
+    return entries
 
 
 def _dra(channel: aio.Channel) -> Any:

@@ -32,11 +32,13 @@ from nicop.api import nodes as node_rules
 from nicop.api import upgrade
 from nicop.api.agents import is_nicop_image
 from nicop.api.labels import (
+    DEVICE_PLUGIN_LABEL,
     DRIVER_CONTAINER,
     LEASE_NAME,
     MELLANOX_LABEL,
     MOFED_WAIT_LABEL,
     POLICY_NAME,
+    SRIOV_BY_DRA_LABEL,
     STATE_LABEL,
 )
 from nicop.kube.client import ApiClient, ApiError, Unreachable
@@ -386,7 +388,15 @@ def node_state_of(snap: Snapshot, node: str) -> Obj | None:
     return states[0] if states else None
 
 
-def sriov_of(state: Obj | None) -> Obj | None:
+def sriov_served_by(snap: Snapshot, node: Obj) -> str | None:
+    """dra where a DRA driver pod serving SR-IOV resources runs, device-plugin where the node
+    is labelled for the SR-IOV device plugin (the operator never does both)."""
+    if any(SRIOV_BY_DRA_LABEL in labels_of(p) for p in pods_on(snap, name_of(node))):
+        return "dra"
+    return "device-plugin" if labels_of(node).get(DEVICE_PLUGIN_LABEL) == "Enabled" else None
+
+
+def sriov_of(state: Obj | None, served_by: str | None = None) -> Obj | None:
     if state is None:
         return None
     status = state.get("status") or {}
@@ -398,6 +408,7 @@ def sriov_of(state: Obj | None) -> Obj | None:
         "lastSyncError": status.get("lastSyncError") or None,
         "vfsConfigured": configured,
         "vfsWanted": wanted,
+        "servedBy": served_by,
     }
 
 
@@ -584,7 +595,7 @@ def _node(snap: Snapshot, node: Obj, expected: list[str]) -> Obj:
         "drainStarted": annotations.get(upgrade.DRAIN_START_ANNOTATION),
         "mofedWait": labels.get(MOFED_WAIT_LABEL),
         "resources": node_resources(snap, node, expected if managed else ()),
-        "sriov": sriov_of(node_state_of(snap, name)),
+        "sriov": sriov_of(node_state_of(snap, name), sriov_served_by(snap, node)),
         "draDevices": dra_devices(snap, name),
     }
 
@@ -747,7 +758,11 @@ def _render_nodes(status: Obj) -> list[RenderableType]:
         resources = ", ".join(f"{r['name']} {r['allocatable']}/{r['inUse']}"
                               for r in n["resources"]) or "-"
         sriov = n["sriov"]
-        vfs = f"{sriov['vfsConfigured']}/{sriov['vfsWanted']}" if sriov else "-"
+        vfs = "-"
+        if sriov:
+            by = {"dra": " by DRA", "device-plugin": " by device plugin"}.get(
+                sriov["servedBy"] or "", "")
+            vfs = f"{sriov['vfsConfigured']}/{sriov['vfsWanted']}{by}"
         sync: Text | str = "-"
         if sriov and sriov["syncStatus"]:
             sync = Text(sriov["syncStatus"], style={"Succeeded": "green", "Failed": "red"}.get(

@@ -34,6 +34,7 @@ from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Namespace, Node
 from lightkube.resources.rbac_authorization_v1 import ClusterRole
+from tests.integration.operator_process import wait_for
 from tests.monitoring import exported_series, selected_metrics
 
 from nicop.kube.client import FIELD_MANAGER
@@ -50,6 +51,7 @@ BUILD_HELM = ROOT / "hack" / "build-helm.sh"
 BUILD_PROMTOOL = ROOT / "hack" / "build-promtool.sh"
 COPY_CRDS = "cp deploy/crds/*.yaml deploy/helm/nicop/crds/"
 Doc = dict[str, Any]
+DeviceClass = create_global_resource("resource.k8s.io", "v1", "DeviceClass", "deviceclasses")
 KWOK_IMAGE = "registry.example.com/operator"  # played by kwok, unlike an image named nicop
 APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
 
@@ -371,7 +373,8 @@ def installed(helm: Path, kubectl: Kubectl, client: Client, crds: list[str],
                         service_account_kubeconfig(kubectl, namespace, sa, kubeconfig))
     finally:
         for d in docs:
-            if d["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            if d["kind"] in ("ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+                             "ValidatingAdmissionPolicyBinding"):
                 kubectl("delete", "--ignore-not-found", d["kind"].lower(), d["metadata"]["name"])
         client.delete(Namespace, namespace)
 
@@ -404,6 +407,10 @@ ALLOWED: tuple[tuple[str, str], ...] = (
     *(("policy", f"{v} deviceclasses.resource.k8s.io") for v in ("list", "watch")),
     *(("policy", f"{v} deviceclasses.resource.k8s.io/{name}")
       for name in ("rdma.nicop.io", "vf.rdma.nicop.io", "shared.rdma.nicop.io")
+      for v in ("create", "patch", "delete")),
+    # operator/sriov.py: a DeviceClass per SR-IOV resourceName while the DRA driver runs (the
+    # chart's admission policy keeps these writes to rdma.nicop.io's names)
+    *(("sriov", f"{v} deviceclasses.resource.k8s.io/mlnx-vf.sriov.rdma.nicop.io")
       for v in ("create", "patch", "delete")),
     # kube/events.py: Events on cluster-scoped objects go to default, on pools to {ns}
     *(("events", f"{v} events -n {n}") for n in ("default", "{ns}") for v in ("create", "patch")),
@@ -472,7 +479,6 @@ DENIED: tuple[tuple[str, str], ...] = (
     ("only its components' RBAC",
      "patch clusterrolebindings.rbac.authorization.k8s.io/cluster-admin"),
     ("only its components' RBAC", "create roles.rbac.authorization.k8s.io -n {ns}"),
-    ("only its DRA driver's DeviceClasses", "patch deviceclasses.resource.k8s.io/gpu.nvidia.com"),
     ("grants only what it holds", "escalate clusterroles.rbac.authorization.k8s.io"),
     ("grants only what it holds", "bind clusterroles.rbac.authorization.k8s.io"),
     ("no identity changes", "impersonate serviceaccounts"),
@@ -527,6 +533,39 @@ def test_operator_may_not_read_secrets_or_act_beyond_its_job(kubectl: Kubectl,
                                                              installed: Installed) -> None:
     allowed = [f"{why}: {args}" for why, args, ok in can_i(kubectl, installed, DENIED) if ok]
     assert not allowed, "the chart's RBAC allows more than needed:\n" + "\n".join(allowed)
+
+
+def test_operator_writes_only_its_own_drivers_device_classes(
+        client: Client, installed: Installed) -> None:
+    """RBAC lets the operator write any DeviceClass (the SR-IOV resources' names are the
+    users'); the chart's admission policy refuses, with its reason, a write as the operator to
+    another driver's (the NVIDIA GPU driver's gpu.nvidia.com) and lets one under rdma.nicop.io
+    through."""
+    def device_class(name: str) -> dict[str, Any]:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                "metadata": {"name": name}, "spec": {}}
+
+    gpu = DeviceClass(**device_class("gpu.nvidia.com"))
+    client.apply(gpu, field_manager="gpu-driver", force=True)
+    operator = Client(KubeConfig.from_file(installed.kubeconfig), field_manager="nicop")
+    try:
+        def refused() -> str | None:
+            try:
+                operator.apply(DeviceClass(**{**device_class("gpu.nvidia.com"), "spec": {
+                    "selectors": [{"cel": {"expression": "true"}}]}}), force=True)
+            except ApiError as e:
+                return e.status.message if e.status.code == 403 else None
+            return None
+
+        said = wait_for(refused, 30, "the admission policy to refuse the operator")
+        assert "nicop writes only the DeviceClasses of its DRA driver" in said, said
+        with pytest.raises(ApiError) as deleting:
+            operator.delete(DeviceClass, "gpu.nvidia.com")
+        assert deleting.value.status.code == 403
+        own = operator.apply(DeviceClass(**device_class("mlnx-vf.sriov.rdma.nicop.io")))
+        operator.delete(DeviceClass, own.metadata.name)
+    finally:
+        client.delete(DeviceClass, "gpu.nvidia.com")
 
 
 def test_kubectl_auth_can_i_agrees(kubectl: Kubectl, installed: Installed) -> None:

@@ -3,6 +3,7 @@ plugin answers for them (KEP-5007)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,11 @@ def test_planned_vfs_are_published_under_the_names_they_will_have(tmp_path: Path
     assert sorted(made) == sorted(planned)
     assert all(d.planned is None and "bindingConditions" not in d.to_api()
                for d in made.values())
-    assert vfs(host, {}) == made  # without the plan: the same devices
+    # without the plan: the same devices, but for the policy's resourceName
+    assert {name: replace(d, attributes={k: v for k, v in d.attributes.items()
+                                         if k != dra.RESOURCE_NAME})
+            for name, d in made.items()} == vfs(host, {})
+    assert {d.attributes[dra.RESOURCE_NAME]["string"] for d in made.values()} == {"vfs"}
 
 
 def test_a_vf_is_ready_only_on_the_driver_its_device_type_asks(tmp_path: Path) -> None:

@@ -306,8 +306,29 @@ def test_resources_count_what_running_pods_request_as_the_scheduler_does() -> No
     vfs = by_name(nodes["node-3"]["resources"])["nvidia.com/cx6dx_vf"]
     assert (vfs["allocatable"], vfs["inUse"]) == (8, 8)
     assert nodes["node-3"]["sriov"] == {"syncStatus": "Succeeded", "lastSyncError": None,
-                                        "vfsConfigured": 8, "vfsWanted": 8}
+                                        "vfsConfigured": 8, "vfsWanted": 8,
+                                        "servedBy": None}
     assert nodes["node-1"]["sriov"] is None
+
+
+def test_each_node_says_whether_dra_or_the_device_plugin_serves_its_sriov_resources() -> None:
+    """Labelled for the SR-IOV device plugin: device-plugin; with a DRA driver pod that serves
+    SR-IOV resources (draDriver.sriovResources) on it: dra, in the table too."""
+    snap = cluster_snapshot()
+    node = next(n for n in snap["nodes"] if n["metadata"]["name"] == "node-3")
+    node["metadata"]["labels"]["sriovnetwork.openshift.io/device-plugin"] = "Enabled"
+    assert by_name(status.summarize(snap)["nodes"])["node-3"]["sriov"]["servedBy"] == (
+        "device-plugin")
+    node["metadata"]["labels"]["sriovnetwork.openshift.io/device-plugin"] = "Disabled"
+    snap["pods"].append(_pod("nicop-dra-driver-ds-x1", "node-3", namespace=NS,
+                             owner="nicop-dra-driver-ds", container="dra-plugin",
+                             labels={"nicop.io/sriov-resources-by-dra": "true"}))
+    summary = status.summarize(snap)
+    validate(json.loads(json.dumps(summary)))
+    assert by_name(summary["nodes"])["node-3"]["sriov"]["servedBy"] == "dra"
+    console = Console(record=True, width=250)
+    console.print(status.render(summary))
+    assert "8/8 by DRA" in console.export_text()
 
 
 def test_operator_leader_policy_components_pools_and_upgrade_progress() -> None:

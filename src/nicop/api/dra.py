@@ -44,6 +44,9 @@ RDMA_DEVICE = "rdmaDevice"  # string ("mlx5_3"), when an RDMA device is attached
 NETDEV = "netdev"  # string: the function's own interface, when it has one
 PF_NAME = "pfName"  # string, VFs only: the netdev of the VF's PF
 VF_INDEX = "vfIndex"  # int, VFs only: N of the PF's virtfnN
+# string, VFs an SriovNetworkNodePolicy made: its resourceName (without prefix), what the SR-IOV
+# device plugin advertises them as, and what an extended-resource DeviceClass selects them by.
+RESOURCE_NAME = "resourceName"
 FIRMWARE_VERSION = "firmwareVersion"  # version (semver: leading zeros dropped, 22.38.1900)
 DRIVER_VERSION = "driverVersion"  # string, of the NVIDIA driver package ("25.10-1.2.8.0")
 # PFs with a Data Direct function (ConnectX-8 on GB300 and later), whose PCIE_ROOT is that
@@ -134,3 +137,35 @@ def device_classes(labels: Mapping[str, str] | None = None) -> list[dict[str, An
     """The driver's DeviceClasses, for the operator to apply (with its own labels)."""
     return [device_class(PF_CLASS, KIND_PF, labels), device_class(VF_CLASS, KIND_VF, labels),
             device_class(SHARED_CLASS, KIND_SHARED, labels)]
+
+
+# Extended resources served by DRA (KEP-5004, DRAExtendedResource: beta and on since Kubernetes
+# 1.36): a DeviceClass with `extendedResourceName` lets a pod that asks for an SR-IOV resource
+# (`nvidia.com/<resourceName>: 1`) get it from this driver on nodes where no device plugin
+# advertises it, and from the device plugin elsewhere. The scheduler makes the claim (annotated
+# EXTENDED_CLAIM_ANNOTATION); its requests name the class, the class the resource.
+EXTENDED_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
+SRIOV_CLASS_SUFFIX = f"sriov.{DRIVER}"
+
+
+def sriov_class_name(resource_name: str) -> str:
+    """The DeviceClass of the VFs of one SR-IOV resourceName (`[A-Za-z0-9_]+` upstream)."""
+    return f"{resource_name.lower().replace('_', '-')}.{SRIOV_CLASS_SUFFIX}"
+
+
+def sriov_class(prefix: str, resource_name: str,
+                labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The DeviceClass serving `<prefix>/<resource_name>` with the VFs an SriovNetworkNodePolicy
+    of that resourceName made."""
+    body = device_class(sriov_class_name(resource_name), KIND_VF, labels)
+    attribute = f'device.attributes["{DRIVER}"].{RESOURCE_NAME}'
+    body["spec"]["selectors"].append({"cel": {"expression": (
+        f'has({attribute}) && {attribute} == "{resource_name}"')}})
+    body["spec"]["extendedResourceName"] = f"{prefix}/{resource_name}"
+    return body
+
+
+def device_plugin_env(resource: str) -> str:
+    """The variable the SR-IOV device plugin gives a container the PCI addresses of `resource`
+    (`nvidia.com/mlnx_vf`) in: PCIDEVICE_NVIDIA_COM_MLNX_VF."""
+    return "PCIDEVICE_" + "".join(c if c.isalnum() else "_" for c in resource).upper()

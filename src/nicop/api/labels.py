@@ -37,6 +37,12 @@ POOL_LABELS = (OS_LABEL, OS_VERSION_LABEL, KERNEL_LABEL)
 DRIVER_READY_FILE = "/run/mellanox/drivers/.driver-ready"
 SAFE_LOAD_ANNOTATION = "nvidia.com/ofed-driver-upgrade.driver-wait-for-safe-load"
 
+# On nodes, by the operator: whether the SR-IOV device plugin runs there (upstream's).
+DEVICE_PLUGIN_LABEL = "sriovnetwork.openshift.io/device-plugin"
+# On the DRA driver's pods of a section with sriovResources: where they run, SR-IOV
+# resources are served by DRA, not by the SR-IOV device plugin (nicop.operator.sriov).
+SRIOV_BY_DRA_LABEL = "nicop.io/sriov-resources-by-dra"
+
 # Networks.
 RESOURCE_NAME_ANNOTATION = "k8s.v1.cni.cncf.io/resourceName"
 NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"

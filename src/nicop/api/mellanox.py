@@ -365,6 +365,13 @@ class DRADriverSpec(ApiModel):
     that many claims hold at once, each taking one of its `pods` capacity, instead of a whole
     PF for one claim: the RDMA shared device plugin's sharing, with a limit the scheduler
     enforces."""
+    sriov_resources: bool = False
+    """The VFs of SriovNetworkNodePolicies on these nodes are served by DRA, not by the SR-IOV
+    device plugin, which then does not run here: a pod asking for `nvidia.com/<resourceName>`
+    is unchanged and gets its VF by DRA here and from the device plugin elsewhere (a DeviceClass
+    per resourceName with extendedResourceName). Without it those VFs are the device plugin's
+    and the DRA driver leaves them out. Pods attaching an SriovNetwork by its resourceName still
+    need the device plugin."""
 
 
 class NicClusterPolicySpec(ApiModel):

@@ -238,6 +238,10 @@ def dra_plugin(
         "--shared-rdma", help="Publish each port without VFs as one shared device many claims "
         "hold, each taking one of its `pods` capacity, instead of a whole PF for one claim.")
     ] = False,
+    sriov_resources: Annotated[bool, typer.Option(
+        "--sriov-resources", help="Publish the VFs SriovNetworkNodePolicies make (attribute "
+        "resourceName): this node serves their resources by DRA, not the SR-IOV device plugin. "
+        "Without it those VFs are left to the device plugin.")] = False,
     log_format: LogFormat = "text",
     metrics_port: MetricsPort = 0,
 ) -> None:
@@ -286,7 +290,8 @@ def dra_plugin(
             nonlocal scanned
             inventory, plan = discovery.scan(host), planned.plan()
             devices = node_devices(inventory, host, shared=shared_rdma,
-                                   vfs=vfs.policy(driver.labels), plan=plan)
+                                   vfs=vfs.policy(driver.labels), plan=plan,
+                                   sriov_resources=sriov_resources)
             scanned = {d.name: d for d in devices}
             return pool_content(devices, inventory, plan)
 

@@ -17,13 +17,12 @@ from collections.abc import Iterable
 
 from nicop import logs
 from nicop.api.agents import CNI_PLUGINS, METRICS_PORTS, own_image
-from nicop.api.labels import MOFED_WAIT_LABEL
+from nicop.api.labels import DEVICE_PLUGIN_LABEL, MOFED_WAIT_LABEL
 from nicop.kube.client import ApiClient
 from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.resources import NETWORK_ATTACHMENT_DEFINITION as NAD
 from nicop.kube.resources import Obj
 from nicop.operator.components import Components
-from nicop.operator.sriov import DEVICE_PLUGIN_LABEL
 from nicop.operator.states.base import (
     Context,
     agent_container,

@@ -9,7 +9,12 @@ largest numVfs and MTU. The result is written to the node state's spec, which th
 
 The ConfigMap `device-plugin-config` holds the SR-IOV device plugin's `resourceList` for each
 node (one key per node name), so each policy's resourceName maps to exactly its VFs; nodes get
-the label `sriovnetwork.openshift.io/device-plugin=Enabled` when they have resources.
+the label `sriovnetwork.openshift.io/device-plugin=Enabled` when they have resources, unless
+nicop's DRA driver runs there with `sriovResources`: those nodes serve the resources by
+DRA (Disabled), through a
+DeviceClass per resourceName with `extendedResourceName` (nicop.api.dra.sriov_class), so a pod
+asking for `nvidia.com/<resourceName>` runs unchanged on either kind of node. Never both on one
+node: the scheduler would use the device plugin's count and DRA's VFs would go unused.
 
 Upstream refuses some policies in its admission webhook with checks the CRD schema cannot
 express because they need other objects: VF ranges of one PF overlapping another policy's,
@@ -31,13 +36,19 @@ import os
 from collections.abc import Iterable, Mapping
 
 from nicop import logs
-from nicop.api.labels import MANAGED_BY_LABEL, MANAGED_BY_VALUE
+from nicop.api import dra
+from nicop.api.labels import (
+    DEVICE_PLUGIN_LABEL,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+    SRIOV_BY_DRA_LABEL,
+)
 from nicop.kube import selectors
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.conditions import with_condition
 from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Controller, Manager, Result
-from nicop.kube.resources import CONFIGMAP, NODE, SRIOV_NODE_POLICY, Obj
+from nicop.kube.resources import CONFIGMAP, DEVICE_CLASS, NODE, POD, SRIOV_NODE_POLICY, Obj
 from nicop.kube.times import parse, stamp, utcnow
 from nicop.operator.sriov_drain import (
     NODE_STATE,
@@ -47,16 +58,19 @@ from nicop.operator.sriov_drain import (
     apply_log_level,
     operator_config,
     pool_of,
+    resource_prefix,
 )
 
 log = logging.getLogger(__name__)
 
 POLICY = SRIOV_NODE_POLICY
 CONFIG_MAP_NAME = "device-plugin-config"
-DEVICE_PLUGIN_LABEL = "sriovnetwork.openshift.io/device-plugin"
 KEEP_UNTIL_ANNOTATION = "sriovnetwork.openshift.io/keep-state-until"
 STALE_DELAY_ENV = "STALE_NODE_STATE_CLEANUP_DELAY_MINUTES"
 DEFAULT_STALE_DELAY_MINUTES = 30
+# The DeviceClasses serving SR-IOV resources by DRA (dra.sriov_class), this controller's own.
+CLASS_LABELS = {MANAGED_BY_LABEL: MANAGED_BY_VALUE, "nicop.io/sriov-resource": "true"}
+CLASS_SELECTOR = ",".join(f"{k}={v}" for k, v in CLASS_LABELS.items())
 DEFAULT_DAEMON_NODE_SELECTOR = {"node-role.kubernetes.io/worker": "", "kubernetes.io/os": "linux"}
 DEPRECATED_DEFAULT_POLICY = "default"
 ACCEPTED = "Accepted"
@@ -443,9 +457,14 @@ class SriovPolicyController:
         self.pools = manager.informer(POOL_CONFIG, namespace)
         self.config_maps = manager.informer(CONFIGMAP, namespace,
                                             field_selector=f"metadata.name={CONFIG_MAP_NAME}")
+        self.dra_pods = manager.informer(POD, namespace, label_selector=SRIOV_BY_DRA_LABEL)
+        self.classes = manager.informer(DEVICE_CLASS, label_selector=CLASS_SELECTOR,
+                                        optional=True)
         self.controller = manager.add(Controller("sriov-policies", self.reconcile))
-        for informer in (self.policies, self.configs, self.pools, self.config_maps):
+        for informer in (self.policies, self.configs, self.pools, self.config_maps,
+                         self.classes):
             informer.on_change(lambda ev, obj, old: self.controller.queue.add(self.KEY))
+        self.dra_pods.on_change(self._dra_pod_changed)
         self.states.on_change(self._state_changed)
         self.nodes.on_change(self._node_changed)
         self._reported: dict[str, str] = {}  # policy uid -> refusal already announced
@@ -456,6 +475,10 @@ class SriovPolicyController:
                 "interfaces") != (old.get("status") or {}).get("interfaces") or state.get(
                 "spec") != old.get("spec") or state["metadata"].get("ownerReferences") != old[
                 "metadata"].get("ownerReferences"):
+            self.controller.queue.add_batched(self.KEY)
+
+    def _dra_pod_changed(self, event: str, pod: Obj, old: Obj | None) -> None:
+        if old is None or event != "MODIFIED" or dra_node(pod) != dra_node(old):
             self.controller.queue.add_batched(self.KEY)
 
     def _node_changed(self, event: str, node: Obj, old: Obj | None) -> None:
@@ -478,9 +501,11 @@ class SriovPolicyController:
         if not policies and config is None and not states:
             # SR-IOV is not in use (no policy, no operator config, no node state left to
             # empty): no node state, label or ConfigMap for a thousand nodes that need none.
+            await self._sync_classes([])
             return None
         refused = refusals(policies, nodes, found)
         accepted = [p for p in policies if name_of(p) not in refused]
+        await self._sync_classes(accepted)
         await self._policy_status(policies, refused, nodes)
 
         owner = _owner_ref(config)
@@ -567,19 +592,52 @@ class SriovPolicyController:
                  extra=logs.about("ConfigMap", CONFIG_MAP_NAME, self.namespace))
 
     async def _sync_labels(self, nodes: list[Obj], accepted: list[Obj]) -> None:
-        """`sriovnetwork.openshift.io/device-plugin`: Enabled where a policy gives resources."""
+        """`sriovnetwork.openshift.io/device-plugin`: Enabled where a policy gives resources
+        and no DRA driver serves them."""
         selected = {name_of(n) for n in nodes}
+        by_dra = self._dra_nodes()
         for node in self.nodes.store.items():
             labels = node["metadata"].get("labels") or {}
             wanted: str | None = None
             if name_of(node) in selected:
-                enabled = any(selects_node(p, node) and name_of(p) != DEPRECATED_DEFAULT_POLICY
-                              for p in accepted)
+                enabled = name_of(node) not in by_dra and any(
+                    selects_node(p, node) and name_of(p) != DEPRECATED_DEFAULT_POLICY
+                    for p in accepted)
                 wanted = "Enabled" if enabled else "Disabled"
             if labels.get(DEVICE_PLUGIN_LABEL) != wanted:
                 updated = await self.client.patch(NODE, name_of(node), {
                     "metadata": {"labels": {DEVICE_PLUGIN_LABEL: wanted}}})
                 self.nodes.assume(updated)
+
+    def _dra_nodes(self) -> set[str]:
+        return {node for pod in self.dra_pods.store.items() if (node := dra_node(pod))}
+
+    async def _sync_classes(self, accepted: list[Obj]) -> None:
+        """While a DRA driver serves SR-IOV resources anywhere, a DeviceClass per resourceName,
+        so a pod that asks for `<prefix>/<resourceName>` gets VFs from DRA where no device
+        plugin serves it."""
+        wanted: dict[str, Obj] = {}
+        if self._dra_nodes():
+            prefix = resource_prefix()
+            for policy in sorted(accepted, key=name_of):
+                name = spec_of(policy).get("resourceName")
+                if name and name_of(policy) != DEPRECATED_DEFAULT_POLICY:
+                    body = dra.sriov_class(prefix, name, CLASS_LABELS)
+                    wanted.setdefault(body["metadata"]["name"], body)
+        current = {name_of(c): c for c in self.classes.store.items()}
+        for name, body in wanted.items():
+            have = current.get(name)
+            if have is None or have.get("spec") != body["spec"]:
+                self.classes.assume(await self.client.apply(body, res=DEVICE_CLASS))
+                log.info("DeviceClass %s serves %s by DRA", name,
+                         body["spec"]["extendedResourceName"])
+        for name in set(current) - set(wanted):
+            try:
+                await self.client.delete(DEVICE_CLASS, name)
+            except ApiError as e:
+                if e.code != 404:
+                    raise
+            log.info("DeviceClass %s removed: no DRA driver or policy for it", name)
 
     async def _stale_states(self, selected: set[str], states: Mapping[str, Obj]) -> float | None:
         """Mark node states of unselected nodes, delete them once their time has come;
@@ -645,6 +703,13 @@ class SriovPolicyController:
                 return
             raise
         self.policies.assume(updated)
+
+
+def dra_node(pod: Obj) -> str | None:
+    """The node a DRA driver pod is on, unless it is going."""
+    if pod["metadata"].get("deletionTimestamp"):
+        return None
+    return (pod.get("spec") or {}).get("nodeName")
 
 
 def _owner_ref(config: Obj | None) -> Obj | None:

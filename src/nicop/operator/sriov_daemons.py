@@ -21,6 +21,7 @@ import logging
 
 from nicop import logs
 from nicop.api.agents import METRICS_PORTS, own_image
+from nicop.api.labels import DEVICE_PLUGIN_LABEL
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.conditions import with_condition
 from nicop.kube.manager import Controller, Manager, Result
@@ -30,7 +31,6 @@ from nicop.operator.sriov import (
     CONFIG_MAP_NAME,
     DEFAULT_DAEMON_NODE_SELECTOR,
     DEPRECATED_DEFAULT_POLICY,
-    DEVICE_PLUGIN_LABEL,
     POLICY,
 )
 from nicop.operator.sriov_drain import (

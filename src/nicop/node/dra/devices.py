@@ -13,6 +13,10 @@ What is published:
 - a VF bound to a driver (vfio-pci counts), while its PF's link is up; once the SR-IOV DRA
   driver's SriovResourcePolicies exist, only the VFs they select, with the attributes of their
   DeviceAttributes (nicop.node.dra.vf_policy);
+- unless the plugin serves SR-IOV resources (draDriver.sriovResources), no PF whose VFs an
+  SriovNetworkNodePolicy makes for the SR-IOV device plugin, nor those VFs: a NIC is served by
+  one of the two; with it, such VFs carry the policy's `resourceName`, which the DeviceClass of
+  `nvidia.com/<resourceName>` selects (nicop.api.dra.sriov_class);
 - a VF that the node's SriovNetworkNodeState plans but that is not ready yet (not made, not bound
   to the driver its deviceType asks, or without its RDMA device): published ahead, under the name
   it will have, with binding conditions (nicop.node.dra.vf_plan), and tainted
@@ -124,16 +128,20 @@ def _mellanox_nic(fn: PciFunction) -> bool:
 
 def node_devices(inv: Inventory, host: Host, *, shared: bool = False,
                  vfs: VfPolicy | None = None,
-                 plan: Mapping[str, PlannedPf] | None = None) -> list[Device]:
+                 plan: Mapping[str, PlannedPf] | None = None,
+                 sriov_resources: bool = True) -> list[Device]:
     """The node's devices, ordered by name; with `shared`, ports without VFs as shared
     devices; with `vfs` (SriovResourcePolicies), only the VFs it selects, with its
-    attributes; with `plan` (the node state's spec), the planned VFs not ready yet too."""
+    attributes; with `plan` (the node state's spec), the planned VFs not ready yet too, but
+    without `sriov_resources` no PF whose VFs a policy's resourceName gives the device
+    plugin, nor those VFs: one NIC is served one way."""
     plan = plan or {}
+    plugins = set() if sriov_resources else {a for a, p in plan.items() if p.resources}
     driver_version = kernel.loaded_version(host)
     result = []
     made: set[tuple[str, int | None]] = set()  # (PF, VF index) of the VFs already published
     for fn in inv.functions.values():
-        if not _mellanox_nic(fn):
+        if not _mellanox_nic(fn) or (fn.pf or fn.address) in plugins:
             continue
         if fn.pf is None:
             if (fn.rdma or fn.netdev) and (vf_slots(fn, plan) == 0 or link_up(fn)):
@@ -148,6 +156,7 @@ def node_devices(inv: Inventory, host: Host, *, shared: bool = False,
         planned = plan.get(pf.address)
         if planned is None and not fn.driver:
             continue  # an unbound VF nobody plans
+
         made.add((pf.address, fn.vf_index))
         chosen = _with_policy(vfs, _device(inv, host, fn, pf, driver_version, plan), pf)
         if chosen is not None and planned is not None and not _ready(fn, planned):
@@ -156,7 +165,7 @@ def node_devices(inv: Inventory, host: Host, *, shared: bool = False,
             result.append(chosen)
     for planned in plan.values():
         pf = inv.functions.get(planned.address)
-        if pf is None or not _mellanox_nic(pf) or not link_up(pf):
+        if pf is None or not _mellanox_nic(pf) or not link_up(pf) or pf.address in plugins:
             continue
         for index in range(planned.num_vfs):
             if (pf.address, index) not in made:
@@ -265,6 +274,8 @@ def _device(
         pf_net = pf.netdev
         attrs[dra.PF_NAME] = pf_net.name if pf_net else None
         attrs[dra.VF_INDEX] = fn.vf_index
+        planned = plan.get(pf.address)
+        attrs[dra.RESOURCE_NAME] = planned.resource_of(fn.vf_index) if planned else None
     direct = data_direct.function(inv, host, fn) if pf is None else None
     if direct is not None:  # GPUDirect goes through it: its root is the one the GPU shares
         attrs[dra.NIC_PCIE_ROOT], attrs[dra.DATA_DIRECT] = attrs[dra.PCIE_ROOT], direct

@@ -4,7 +4,8 @@ NodeUnprepareResources for the claims of pods on this node.
 Prepare reads the claim's allocation from the API, takes the results of this driver on this
 node's pool, and writes one CDI spec file per claim into the runtime's CDI directory: per device,
 its `/dev/infiniband` nodes and rdma_cm, the environment the SR-IOV device plugin gives
-(`PCIDEVICE_<DRIVER>_<REQUEST>` = the request's PCI addresses) and, for a VF, its netdev (moved
+(`PCIDEVICE_<DRIVER>_<REQUEST>` = the request's PCI addresses; for a pod's extended resource,
+`PCIDEVICE_<RESOURCE>` as for the device plugin's) and, for a VF, its netdev (moved
 into the pod's network namespace by CDI-aware runtimes). The kubelet passes the returned CDI
 IDs to the runtime.
 
@@ -33,7 +34,7 @@ from grpc import aio
 
 from nicop.api import dra
 from nicop.kube.client import ApiClient, ApiError
-from nicop.kube.resources import RESOURCE_CLAIM
+from nicop.kube.resources import DEVICE_CLASS, RESOURCE_CLAIM
 from nicop.kube.times import stamp
 from nicop.node import discovery
 from nicop.node.dra import dra_pb2 as pb
@@ -53,8 +54,7 @@ DRA_SERVICE = "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
 
 def env_name(request: str) -> str:
     """PCIDEVICE_RDMA_NICOP_IO_<REQUEST>, as the SR-IOV device plugin names its variable."""
-    return "PCIDEVICE_" + "".join(c if c.isalnum() else "_" for c in
-                                  f"{dra.DRIVER}_{request}").upper()
+    return dra.device_plugin_env(f"{dra.DRIVER}/{request}")
 
 
 class DraPlugin:
@@ -73,6 +73,7 @@ class DraPlugin:
         self.registered: bool | None = None
         self._servers: list[aio.Server] = []
         self._prepared: dict[str, Any] = self._load()
+        self._extended: dict[str, str | None] = {}  # DeviceClass -> its extendedResourceName
 
     # ------------------------------------------------------------------ serving
     async def start(self) -> None:
@@ -162,12 +163,14 @@ class DraPlugin:
                 raise PrepareError(f"device {result['device']} of claim {claim.namespace}/"
                                    f"{claim.name} is not on node {self.node_name} any more")
             pci.setdefault(result["request"], []).append(fn.address)
+        names = await self._env_names(obj)
         spec_devices, answer = [], []
         for result in results:
             fn = by_name[result["device"]]
             request = result["request"]
+            variable = names.get(request) or env_name(request.split("/")[0])
             edits: dict[str, Any] = {
-                "env": [f"{env_name(request.split('/')[0])}={','.join(pci[request])}"],
+                "env": [f"{variable}={','.join(pci[request])}"],
                 "deviceNodes": [{"path": p, "hostPath": p, "permissions": "rw"}
                                 for p in _char_devices(fn, inventory)],
             }
@@ -189,6 +192,31 @@ class DraPlugin:
         log.info("%s: prepared claim %s/%s: %s", dra.DRIVER, claim.namespace, claim.name,
                  ", ".join(d["device_name"] for d in answer) or "no device of this driver")
         return answer
+
+    async def _env_names(self, claim: dict[str, Any]) -> dict[str, str]:
+        """For the claim the scheduler made for a pod's extended resources, the variable of
+        each request as the device plugin names it (PCIDEVICE_NVIDIA_COM_<NAME>), from its
+        DeviceClass's extendedResourceName: the pod's program finds its VFs where it did."""
+        if (claim["metadata"].get("annotations") or {}).get(
+                dra.EXTENDED_CLAIM_ANNOTATION) != "true":
+            return {}
+        names = {}
+        for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+            class_name = (request.get("exactly") or {}).get("deviceClassName")
+            if not class_name:
+                continue
+            if class_name not in self._extended:
+                try:
+                    device_class = await self.client.get(DEVICE_CLASS, class_name)
+                except ApiError as e:
+                    if e.code != 404:
+                        raise
+                    device_class = {}  # gone since: the request's own name then
+                self._extended[class_name] = (device_class.get("spec") or {}).get(
+                    "extendedResourceName")
+            if resource := self._extended[class_name]:
+                names[request["name"]] = dra.device_plugin_env(resource)
+        return names
 
     async def _report(self, claim: dict[str, Any],
                       prepared: list[tuple[dict[str, Any], discovery.PciFunction]]) -> None:

@@ -24,13 +24,19 @@ FAILED = "Failed"
 
 @dataclass(frozen=True)
 class PlannedPf:
-    """One PF of the node state's spec: how many VFs it gets, which of them go to vfio-pci, and
-    the daemon's error when it gave up on this PF."""
+    """One PF of the node state's spec: how many VFs it gets, which of them go to vfio-pci, the
+    SR-IOV resourceName of each VF range, and the daemon's error when it gave up on this PF."""
 
     address: str
     num_vfs: int
     vfio: frozenset[int] = field(default_factory=frozenset)  # VF indexes of vfio-pci groups
     failure: str | None = None
+    resources: tuple[tuple[int, int, str], ...] = ()  # (first, last VF index, resourceName)
+
+    def resource_of(self, vf_index: int | None) -> str | None:
+        """The resourceName of the policy that gave this PF its VF `vf_index`."""
+        return next((name for first, last, name in self.resources
+                     if vf_index is not None and first <= vf_index <= last), None)
 
 
 def plan_of(state: Obj | None) -> dict[str, PlannedPf]:
@@ -46,14 +52,18 @@ def plan_of(state: Obj | None) -> dict[str, PlannedPf]:
         if not address or count <= 0 or iface.get("externallyManaged"):
             continue
         vfio: set[int] = set()
+        resources = []
         for group in iface.get("vfGroups") or []:
+            first, _, last = str(group.get("vfRange") or "").partition("-")
+            if not (first.isdigit() and last.isdigit()):
+                continue
             if group.get("deviceType") == VFIO:
-                first, _, last = str(group.get("vfRange") or "").partition("-")
-                if first.isdigit() and last.isdigit():
-                    vfio.update(range(int(first), int(last) + 1))
+                vfio.update(range(int(first), int(last) + 1))
+            if group.get("resourceName"):
+                resources.append((int(first), int(last), str(group["resourceName"])))
         names = {address, iface.get("name")} - {None}
         failure = error if error and any(n in error for n in names) else None
-        result[address] = PlannedPf(address, count, frozenset(vfio), failure)
+        result[address] = PlannedPf(address, count, frozenset(vfio), failure, tuple(resources))
     return result
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from nicop.api import dra
 from nicop.api.agents import METRICS_PORTS
-from nicop.api.labels import OWNER_LABEL
+from nicop.api.labels import OWNER_LABEL, SRIOV_BY_DRA_LABEL
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
     EVENTS_RULE,
@@ -50,6 +50,8 @@ RULES: list[Obj] = [
     {"apiGroups": ["sriovnetwork.k8snetworkplumbingwg.io"],
      "resources": ["sriovresourcepolicies", "deviceattributes"],
      "verbs": ["get", "list", "watch"]},
+    # The DeviceClass of a pod's extended resource: its name for the pod's variable.
+    {"apiGroups": [RESOURCE_GROUP], "resources": ["deviceclasses"], "verbs": ["get"]},
     EVENTS_RULE,
 ]
 HOST_DIRS = {"plugins": dra.PLUGINS_DIR, "plugins-registry": dra.REGISTRY_DIR, "cdi": dra.CDI_DIR,
@@ -66,10 +68,12 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
         volumes.append(volume)
         mounts.append(mount)
     node_name = {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
-    command = [AGENT, *(["--shared-rdma"] if spec.get("sharedRdma") else [])]
+    command = [AGENT, *(["--shared-rdma"] if spec.get("sharedRdma") else []),
+               *(["--sriov-resources"] if spec.get("sriovResources") else [])]
     plugin = agent_container(ctx, "dra-plugin", spec, command, mounts=mounts, env=[node_name],
                              metrics_port=METRICS_PORTS[AGENT])
     app = f"{NAME}{ctx.name_suffix}"
+    sriov_by_dra = {SRIOV_BY_DRA_LABEL: "true"} if spec.get("sriovResources") else {}
     classes = [{**c, "metadata": {**c["metadata"], **metadata(ctx, c["metadata"]["name"],
                                                                 namespaced=False)}}
                for c in dra.device_classes()]
@@ -78,7 +82,7 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
         *cluster_rbac(ctx, NAME, RULES),
         daemonset(ctx, f"{NAME}-ds{ctx.name_hash_suffix}", spec, [plugin], app=app,
                   volumes=volumes, service_account_name=NAME,
-                  pod_labels={OWNER_LABEL: ctx.owner}),
+                  pod_labels={OWNER_LABEL: ctx.owner, **sriov_by_dra}),
         *classes,
     ]
 
