@@ -27,6 +27,7 @@ from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.types import PatchType
 from tests.integration.agent_loop import agents, allocatable, delete
@@ -819,6 +820,129 @@ def test_64_pods_sharing_one_roce_port_the_64th_waits_until_one_goes(
                  and "pf-0000-40-00-0" in {d["name"] for s in client.list(ResourceSlice)
                                            for d in s["spec"].get("devices") or []},
                  120, "the pods gone and the policy back to whole PFs")
+
+
+def test_a_deployment_asking_for_an_sriov_resource_gets_it_by_dra_or_the_device_plugin(
+    client: Client, kubeconfig: Path, cluster: LocalCluster, namespace: str, deployed: None
+) -> None:
+    """Zero-change migration (KEP-5004). One SriovNetworkNodePolicy (resourceName
+    `migrating_vf`; nicSelector vendor and pfNames, isRdma: upstream's fields,
+    sriov-network-operator api/v1/sriovnetworknodepolicy_types.go) makes VFs on the GPU node, whose DRA driver serves SR-IOV resources
+    (examples/nicnodepolicy-dra-gpu-nodes.yaml: `sriovResources: true`), and on the storage
+    node. A Deployment whose pods ask `nvidia.com/migrating_vf: 1`, spread one per node: the
+    storage node's pod gets a VF from the SR-IOV device plugin, the GPU node's from the DRA
+    driver through the claim the real scheduler makes (the operator's DeviceClass maps the
+    resource); both see their VF's address in PCIDEVICE_NVIDIA_COM_MIGRATING_VF. The GPU node
+    runs no SR-IOV device plugin and advertises no such resource; `nicop status` says which
+    node serves it which way."""
+    resource, variable = "nvidia.com/migrating_vf", "PCIDEVICE_NVIDIA_COM_MIGRATING_VF"
+    storage_pf, storage_pf_name = "0000:3b:00.0", "enp59s0f0np0"  # node-2's first port
+    group = "nicop.io/migration-test"
+    roots = {DRA_NODE: cluster.node_root(DRA_NODE), PLUGIN_NODE: cluster.node_root(PLUGIN_NODE)}
+    pfs = {DRA_NODE: SRIOV_PF, PLUGIN_NODE: storage_pf}
+
+    def numvfs(node: str) -> str:
+        return (roots[node] / f"sys/bus/pci/devices/{pfs[node]}/sriov_numvfs").read_text().strip()
+
+    def vfs_of(node: str) -> set[str]:
+        pf = roots[node] / f"sys/bus/pci/devices/{pfs[node]}"
+        return {os.path.basename(os.readlink(v)) for v in pf.glob("virtfn*")}
+
+    for node in roots:
+        client.patch(Node, node, {"metadata": {"labels": {group: ""}}})
+    client.apply(SriovPolicy(metadata=ObjectMeta(name="migrating-vfs", namespace=NAMESPACE), spec={
+        "resourceName": "migrating_vf", "nodeSelector": {group: ""}, "numVfs": 2,
+        "nicSelector": {"vendor": "15b3", "pfNames": [SRIOV_PF_NAME, storage_pf_name]},
+        "isRdma": True}), field_manager="test", force=True)
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "migrating", "namespace": namespace},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "migrating"}},
+                 "template": {"metadata": {"labels": {"app": "migrating"}}, "spec": {
+                     "affinity": {"podAntiAffinity": {
+                         "requiredDuringSchedulingIgnoredDuringExecution": [{
+                             "labelSelector": {"matchLabels": {"app": "migrating"}},
+                             "topologyKey": "kubernetes.io/hostname"}]}},
+                     "containers": [{"name": "app", "image": "registry.local/train:1",
+                                     "resources": {"limits": {resource: "1"}}}]}}}}
+    try:
+        for node in roots:
+            wait_for(lambda n=node: numvfs(n) == "2", 180, f"the VFs on {node}")  # type: ignore[misc]
+        wait_for(lambda: allocatable(client, PLUGIN_NODE, resource) == 2, 60,
+                 f"{resource} advertised by the storage node's device plugin")
+        wait_for(lambda: dra.sriov_class_name("migrating_vf") in classes(client), 30,
+                 "the operator's DeviceClass of the resource")
+        create_object(kubeconfig, deployment)
+
+        def placed() -> dict[str, dict[str, Any]] | None:
+            pods = [p for p in client.list(Pod, namespace=namespace,
+                                           labels={"app": "migrating"})
+                    if p.spec.nodeName and not p.metadata.deletionTimestamp]
+            by_node = {p.spec.nodeName: p.to_dict() for p in pods}
+            return by_node if set(by_node) == {DRA_NODE, PLUGIN_NODE} else None
+
+        wait_for(placed, 90, "a pod on each node")
+
+        def from_device_plugin() -> dict[str, Any] | None:
+            record = (placed() or {}).get(PLUGIN_NODE, {}).get("metadata", {}).get(
+                "annotations", {}).get("nicop.io/devices")
+            return json.loads(record)["app"][resource] if record else None
+
+        given = wait_for(from_device_plugin, 60, "the device plugin's VF on the storage pod")
+        assert given["env"][variable] in vfs_of(PLUGIN_NODE), given
+
+        def by_dra() -> tuple[dict[str, Any], dict[str, Any]] | None:
+            pod = (placed() or {}).get(DRA_NODE)
+            record = json.loads(((pod or {}).get("metadata", {}).get("annotations") or {}).get(
+                ANNOTATION) or "null")
+            if not record or record.get("error") or resource not in record["devices"]:
+                return None
+            return pod, record  # type: ignore[return-value]
+
+        pod, record = wait_for(by_dra, 90, "the GPU node's pod prepared by the DRA driver")
+        extended = pod["status"]["extendedResourceClaimStatus"]
+        assert extended["requestMappings"] == [{"containerName": "app", "resourceName": resource,
+                                                "requestName": "container-0-request-0"}]
+        claim = client.get(ResourceClaim, extended["resourceClaimName"], namespace=namespace)
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        assert (result["driver"], result["pool"]) == (dra.DRIVER, DRA_NODE)
+        [cdi] = record["devices"][resource]
+        assert cdi.startswith(f"{dra.DRIVER}/device="), cdi
+        spec = json.loads((roots[DRA_NODE] / "var/run/cdi" /
+                           f"{dra.DRIVER}-{claim['metadata']['uid']}.json").read_text())
+        [device] = spec["devices"]
+        env = dict(e.split("=", 1) for e in device["containerEdits"]["env"])
+        assert env[variable] in vfs_of(DRA_NODE), env
+
+        assert allocatable(client, DRA_NODE, resource) == 0
+        assert "sriov-device-plugin" not in {a.command for a in agents(cluster, DRA_NODE)}
+        assert "sriov-device-plugin" in {a.command for a in agents(cluster, PLUGIN_NODE)}
+        shown = subprocess.run(
+            [sys.executable, "-m", "nicop", "status", "-o", "json", "--kubeconfig",
+             str(kubeconfig)], capture_output=True, text=True, timeout=120, check=False)
+        served = {n["name"]: (n["sriov"] or {}).get("servedBy")
+                  for n in json.loads(shown.stdout)["nodes"]}
+        assert (served[DRA_NODE], served[PLUGIN_NODE]) == ("dra", "device-plugin"), served
+    finally:
+        with contextlib.suppress(ApiError):
+            client.delete(Deployment, "migrating", namespace=namespace)
+        wait_for(lambda: not client.list(Pod, namespace=namespace, labels={"app": "migrating"}),
+                 60, "the Deployment's pods to go")
+        delete(client, SriovPolicy, "migrating-vfs", NAMESPACE)
+        for node in roots:
+            client.patch(Node, node, {"metadata": {"labels": {group: None}}})
+            wait_for(lambda n=node: numvfs(n) == "0", 120, f"the VFs of {node} removed")  # type: ignore[misc]
+
+
+def create_object(kubeconfig: Path, body: dict[str, Any]) -> None:
+    """An object as a user applies it."""
+    async def main() -> None:
+        api = ApiClient(kubeconfig)
+        try:
+            await api.create(body)
+        finally:
+            await api.close()
+    asyncio.run(main())
 
 
 def test_removing_the_dra_policy_removes_the_driver_its_slices_and_classes(

@@ -223,40 +223,11 @@ def fib_addresses(text: str) -> set[str]:
             if "/32 host LOCAL" in line}
 
 
-def test_a_pod_on_the_sriov_network_has_its_vf_with_its_address_vlan_and_rdma_devices(
-        deployed: LocalCluster, real_client: Client, sriov: None) -> None:
-    """examples/demo/sriov.yaml on the real node: the config daemon creates the VFs and the
-    kubelet puts them in allocatable; a pod on roce-vlan100 asking for a VF is attached by the
-    runtime's CNI chain (containerd, nicop's multus, the sriov delegate, nv-ipam): inside its
-    container `net1` has the MAC and pool address its network-status names, the VF carries
-    VLAN 100 on its PF, and its RDMA devices are there. The SR-IOV agents answer as the
-    others do."""
-    agents = every_agent_answers(deployed, real_client)
-    assert {"sriov-network-config-daemon", "sriov-device-plugin", "nicop-cni-daemon"} <= agents
-    real_client.create(vf_workload("vf-workload", NODE))
-    try:
-        pod = wait_for(lambda: attached(real_client, "vf-workload"), timeout=90,
-                       what="the VF workload running")
-        status = json.loads(pod.metadata.annotations[NETWORK_STATUS])
-        [vf] = [s for s in status if s.get("interface") == "net1"]
-        assert vf["name"] == "default/roce-vlan100"
-        [address] = vf["ips"]
-        assert address.startswith("192.168."), vf
-        links, devices, fib, mac = look_inside(deployed, "vf-workload")
-        assert "net1" in links and mac == vf["mac"], (links, mac)
-        assert address in fib_addresses(fib), fib
-        assert "rdma_cm" in devices and any(d.startswith("uverbs") for d in devices), devices
-        pci = vf["device-info"]["pci"]["pci-address"]
-        vlans = [state.get("vlan") for f in (deployed.real_node(NODE).tree / ".sim/pf")
-                 .glob("*.json") for state in json.loads(f.read_text()).values()]
-        assert 100 in vlans, (pci, vlans)
-    finally:
-        real_client.delete(Pod, "vf-workload", namespace="default")  # its VF released first
-
-
 def test_a_pod_with_a_dra_claim_holds_the_devices_of_its_cdi_spec(
         deployed: LocalCluster, real_client: Client) -> None:
-    """A ResourceClaim for one NIC of nicop's DRA class and a pod using it on the real node:
+    """A ResourceClaim for one NIC of nicop's DRA class and a pod using it on the real node
+    (before the SR-IOV tests: a NIC whose VFs a policy gives the device plugin is not the DRA
+    driver's, docs/dra.md):
     containerd applies the CDI spec the DRA driver wrote when the kubelet prepared the claim,
     so the container sees that NIC's uverbs device and not the other port's."""
     real_client.create(ResourceClaim(
@@ -292,6 +263,37 @@ def test_a_pod_with_a_dra_claim_holds_the_devices_of_its_cdi_spec(
         wait_for(lambda: not pods_named(real_client, "dra-workload"), timeout=60,
                  what="the DRA workload gone")
         real_client.delete(ResourceClaim, "one-nic", namespace="default")
+
+
+def test_a_pod_on_the_sriov_network_has_its_vf_with_its_address_vlan_and_rdma_devices(
+        deployed: LocalCluster, real_client: Client, sriov: None) -> None:
+    """examples/demo/sriov.yaml on the real node: the config daemon creates the VFs and the
+    kubelet puts them in allocatable; a pod on roce-vlan100 asking for a VF is attached by the
+    runtime's CNI chain (containerd, nicop's multus, the sriov delegate, nv-ipam): inside its
+    container `net1` has the MAC and pool address its network-status names, the VF carries
+    VLAN 100 on its PF, and its RDMA devices are there. The SR-IOV agents answer as the
+    others do."""
+    agents = every_agent_answers(deployed, real_client)
+    assert {"sriov-network-config-daemon", "sriov-device-plugin", "nicop-cni-daemon"} <= agents
+    real_client.create(vf_workload("vf-workload", NODE))
+    try:
+        pod = wait_for(lambda: attached(real_client, "vf-workload"), timeout=90,
+                       what="the VF workload running")
+        status = json.loads(pod.metadata.annotations[NETWORK_STATUS])
+        [vf] = [s for s in status if s.get("interface") == "net1"]
+        assert vf["name"] == "default/roce-vlan100"
+        [address] = vf["ips"]
+        assert address.startswith("192.168."), vf
+        links, devices, fib, mac = look_inside(deployed, "vf-workload")
+        assert "net1" in links and mac == vf["mac"], (links, mac)
+        assert address in fib_addresses(fib), fib
+        assert "rdma_cm" in devices and any(d.startswith("uverbs") for d in devices), devices
+        pci = vf["device-info"]["pci"]["pci-address"]
+        vlans = [state.get("vlan") for f in (deployed.real_node(NODE).tree / ".sim/pf")
+                 .glob("*.json") for state in json.loads(f.read_text()).values()]
+        assert 100 in vlans, (pci, vlans)
+    finally:
+        real_client.delete(Pod, "vf-workload", namespace="default")  # its VF released first
 
 
 def pods_named(client: Client, name: str) -> list[Pod]:

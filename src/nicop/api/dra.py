@@ -8,6 +8,7 @@ so they are an API: renaming one breaks claims already written.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -149,8 +150,13 @@ SRIOV_CLASS_SUFFIX = f"sriov.{DRIVER}"
 
 
 def sriov_class_name(resource_name: str) -> str:
-    """The DeviceClass of the VFs of one SR-IOV resourceName (`[A-Za-z0-9_]+` upstream)."""
-    return f"{resource_name.lower().replace('_', '-')}.{SRIOV_CLASS_SUFFIX}"
+    """The DeviceClass of the VFs of one SR-IOV resourceName. Upstream allows `_` and capitals,
+    which object names do not: such a name is lowered, `_` made `-`, and a hash of the
+    original added, so `mlnx_vf` and `mlnx-vf` get classes of their own."""
+    name = resource_name.lower().replace("_", "-")
+    if name != resource_name:
+        name += "-" + hashlib.sha256(resource_name.encode()).hexdigest()[:8]
+    return f"{name}.{SRIOV_CLASS_SUFFIX}"
 
 
 def sriov_class(prefix: str, resource_name: str,

@@ -10,11 +10,11 @@ largest numVfs and MTU. The result is written to the node state's spec, which th
 The ConfigMap `device-plugin-config` holds the SR-IOV device plugin's `resourceList` for each
 node (one key per node name), so each policy's resourceName maps to exactly its VFs; nodes get
 the label `sriovnetwork.openshift.io/device-plugin=Enabled` when they have resources, unless
-nicop's DRA driver runs there with `sriovResources`: those nodes serve the resources by
-DRA (Disabled), through a
-DeviceClass per resourceName with `extendedResourceName` (nicop.api.dra.sriov_class), so a pod
-asking for `nvidia.com/<resourceName>` runs unchanged on either kind of node. Never both on one
-node: the scheduler would use the device plugin's count and DRA's VFs would go unused.
+nicop's DRA driver runs there with `sriovResources`: those nodes serve the resources by DRA
+(Disabled), through a DeviceClass per resourceName with `extendedResourceName`
+(nicop.api.dra.sriov_class), so a pod asking for `nvidia.com/<resourceName>` runs unchanged on
+either kind of node. Never both on one node: the scheduler would use the device plugin's count
+and one VF could be handed out twice.
 
 Upstream refuses some policies in its admission webhook with checks the CRD schema cannot
 express because they need other objects: VF ranges of one PF overlapping another policy's,
