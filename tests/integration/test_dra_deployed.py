@@ -410,9 +410,9 @@ def test_vfs_the_sriov_policy_creates_are_claimable_and_leave_the_slice_when_the
             netdev = by_name[entry["device"]]["attributes"][dra.NETDEV]["string"]
             mac = (root / f"sys/class/net/{netdev}/address").read_text().strip()
             assert entry["networkData"] == {"interfaceName": netdev, "hardwareAddress": mac}
-            [ready] = entry["conditions"]
-            assert (ready["type"], ready["status"], ready["reason"]) == (
-                "Ready", "True", "Prepared")
+            conditions = {c["type"]: (c["status"], c["reason"]) for c in entry["conditions"]}
+            assert conditions["Ready"] == ("True", "Prepared")
+            assert set(conditions) <= {"Ready", dra.CONDITION_VF_READY}
 
         create(kubeconfig, *pf_user(namespace))
         wait_for(lambda: any(c.reason == "Unschedulable" for c in client.get(
@@ -827,10 +827,10 @@ def test_a_deployment_asking_for_an_sriov_resource_gets_it_by_dra_or_the_device_
 ) -> None:
     """Zero-change migration (KEP-5004). One SriovNetworkNodePolicy (resourceName
     `migrating_vf`; nicSelector vendor and pfNames, isRdma: upstream's fields,
-    sriov-network-operator api/v1/sriovnetworknodepolicy_types.go) makes VFs on the GPU node, whose DRA driver serves SR-IOV resources
-    (examples/nicnodepolicy-dra-gpu-nodes.yaml: `sriovResources: true`), and on the storage
-    node. A Deployment whose pods ask `nvidia.com/migrating_vf: 1`, spread one per node: the
-    storage node's pod gets a VF from the SR-IOV device plugin, the GPU node's from the DRA
+    sriov-network-operator api/v1/sriovnetworknodepolicy_types.go) makes VFs on the GPU node,
+    whose DRA driver serves SR-IOV resources (examples/nicnodepolicy-dra-gpu-nodes.yaml:
+    `sriovResources: true`), and on the storage node. A Deployment whose pods ask
+    `nvidia.com/migrating_vf: 1`, spread one per node: the storage node's pod gets a VF from the SR-IOV device plugin, the GPU node's from the DRA
     driver through the claim the real scheduler makes (the operator's DeviceClass maps the
     resource); both see their VF's address in PCIDEVICE_NVIDIA_COM_MIGRATING_VF. The GPU node
     runs no SR-IOV device plugin and advertises no such resource; `nicop status` says which

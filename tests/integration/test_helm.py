@@ -243,7 +243,8 @@ def test_every_rendered_object_is_accepted_by_the_api_server(
     )
     kinds = sorted({d["kind"] for d in docs})
     assert kinds == ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
-                     "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]
+                     "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount",
+                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
     assert len(crds) == len(list((ROOT / "deploy" / "crds").glob("*.yaml")))
     proc = kubectl.dry_run(docs)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from nicop.operator.maintenance import drainable, scaled
+from nicop.operator.drain import scaled
+from nicop.operator.maintenance import drainable
 from nicop.operator.maintenance_requestor import (
     RequestorOptions,
     holders,

@@ -16,9 +16,10 @@ import pytest
 from nicop.api.nodes import is_managed, unmanaged_reason
 from nicop.kube.scheduling import daemon_pod_filter
 from nicop.operator.caches import trim_node, trim_pod
+from nicop.operator.drain import evictable, refusal
 from nicop.operator.nodes import container_ready
 from nicop.operator.sriov_drain import uses_resource
-from nicop.operator.upgrade import NodeView, _pod_ready, _refusal, evictable
+from nicop.operator.upgrade import NodeView, _pod_ready
 
 MANAGED_FIELDS = [{"manager": "kube-controller-manager", "operation": "Update",
                    "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:phase": {}}}}]
@@ -98,8 +99,8 @@ def test_every_pod_rule_decides_the_same_on_the_trimmed_pod(whole: dict[str, Any
     for rule in (
         lambda p: evictable(p, ""),
         lambda p: evictable(p, "nvidia.com/training-job=a"),
-        lambda p: _refusal(p, drain),
-        lambda p: _refusal(p, {"force": True, "deleteEmptyDir": True}),
+        lambda p: refusal(p, drain, "ofedDriver.upgradePolicy.drain"),
+        lambda p: refusal(p, {"force": True, "deleteEmptyDir": True}, "drainSpec"),
         lambda p: uses_resource(p, "nvidia.com"),
         _pod_ready,
         lambda p: container_ready(p, "app"),

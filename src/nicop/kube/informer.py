@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx2 as httpx
 
+from nicop.backoff import doubling
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.resources import Obj, Resource, key_of
 
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 Handler = Callable[[str, Obj, Obj | None], None]
 IndexFunc = Callable[[Obj], Iterable[str]]
 Transform = Callable[[Obj], Obj]
+WATCH_RETRY_BASE, WATCH_RETRY_CAP = 0.2, 30.0  # seconds: a broken watch's first and longest wait
 NOT_SERVED_RECHECK = 30.0  # seconds between lists of an optional kind the API does not serve
 
 
@@ -180,7 +182,7 @@ class Informer:
 
         Run again after a stop, it resumes watching from the last resourceVersion it saw.
         """
-        backoff = 0.2
+        failures = 0
         need_list = not self._rv
         while True:
             try:
@@ -204,7 +206,7 @@ class Informer:
                             continue  # our own write, assumed earlier: nothing new to tell
                         old = self.store.put(obj)
                         self._emit("ADDED" if old is None else "MODIFIED", obj, old)
-                backoff = 0.2
+                failures = 0
             except ApiError as e:
                 if e.code == 410:
                     need_list = True
@@ -214,15 +216,17 @@ class Informer:
                     need_list = True
                     await asyncio.sleep(NOT_SERVED_RECHECK)
                     continue
-                self.connected = False
-                log.warning("watch of %s failed: %s; retrying in %.1fs", self.res, e, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30)
+                failures = await self._retry_later("failed", e, failures)
             except (OSError, ValueError, httpx.HTTPError) as e:  # reset or truncated stream
-                self.connected = False
-                log.warning("watch of %s broke: %s; retrying in %.1fs", self.res, e, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30)
+                failures = await self._retry_later("broke", e, failures)
+
+    async def _retry_later(self, what: str, error: Exception, failures: int) -> int:
+        """Wait a doubling while before the next try; the count of failures so far."""
+        self.connected = False
+        delay = doubling(WATCH_RETRY_BASE, failures, WATCH_RETRY_CAP)
+        log.warning("watch of %s %s: %s; retrying in %.1fs", self.res, what, error, delay)
+        await asyncio.sleep(delay)
+        return failures + 1
 
     def _not_served(self) -> None:
         """The API server does not serve this optional kind: nothing of it exists."""

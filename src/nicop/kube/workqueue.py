@@ -12,6 +12,8 @@ from collections import OrderedDict
 
 from prometheus_client import Gauge
 
+from nicop.backoff import doubling
+
 QUEUE_DEPTH = Gauge("nicop_workqueue_depth", "Keys waiting in a work queue", ["queue"])
 # How long events of the many (nodes, pods) are gathered before their one reconcile: at
 # least BATCH_DELAY, and BATCH_SPACING times as long as the key's last reconcile took, so
@@ -76,7 +78,7 @@ class WorkQueue:
         """Queue after a delay that doubles with each consecutive failure of `key`."""
         failures = self._failures.get(key, 0)
         self._failures[key] = failures + 1
-        delay = min(self.base_delay * 2.0**failures, self.max_delay)
+        delay = doubling(self.base_delay, failures, self.max_delay)
         self.add_after(key, delay)
         return delay
 

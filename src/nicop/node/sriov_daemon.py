@@ -56,6 +56,7 @@ from nicop.api.labels import (
     NODE_STATE_ANNOTATION,
     REBOOT_REQUIRED,
 )
+from nicop.backoff import doubling
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.conditions import with_condition
 from nicop.kube.informer import Informer
@@ -667,7 +668,7 @@ class SriovConfigDaemon:
                         extra=self.about)
             if attempt < self.opts.max_attempts:
                 await self._publish(found, IN_PROGRESS, error)
-                await asyncio.sleep(self.opts.retry_delay * 2 ** (attempt - 1))
+                await asyncio.sleep(doubling(self.opts.retry_delay, attempt - 1))
         return error
 
     def _check_applied(self, spec: Obj) -> None:

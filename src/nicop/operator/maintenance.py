@@ -12,8 +12,6 @@ maxNodeMaintenanceTimeSeconds is deleted (garbage collection of a requestor that
 from __future__ import annotations
 
 import logging
-import math
-import re
 from datetime import timedelta
 from typing import Any
 
@@ -26,6 +24,8 @@ from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.node_pods import NodePods
 from nicop.kube.resources import MAINTENANCE_CONFIG, NODE, NODE_MAINTENANCE, Obj, key_of
 from nicop.kube.times import parse, stamp, utcnow
+from nicop.operator.drain import pod_name, removable, requests_matching, scaled
+from nicop.operator.drain import refusal as drain_refusal
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +43,6 @@ def reason_of(nm: Obj) -> str:
     return ""
 
 
-def scaled(value: Any, total: int, round_up: bool) -> int:
-    """An int-or-percent as a node count, as Kubernetes' GetScaledValueFromIntOrPercent."""
-    if isinstance(value, str) and value.endswith("%"):
-        exact = total * float(value[:-1]) / 100
-        return math.ceil(exact) if round_up else math.floor(exact)
-    return int(value)
-
-
 def node_unavailable(node: Obj) -> bool:
     """Cordoned or not Ready: already out of service, so maintenance costs no availability."""
     if (node.get("spec") or {}).get("unschedulable"):
@@ -60,38 +52,14 @@ def node_unavailable(node: Obj) -> bool:
 
 
 def drainable(pod: Obj, drain: Obj) -> bool:
-    """Pods the drain deletes: not DaemonSet or mirror pods, not finished, selected by its
-    podSelector, and with podEvictionFilters only those requesting a matching resource."""
-    meta = pod["metadata"]
-    if any(r.get("kind") == "DaemonSet" for r in meta.get("ownerReferences") or []):
-        return False
-    if "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
-        return False
-    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-        return False
-    if not selectors.matches_string(drain.get("podSelector") or "", meta.get("labels") or {}):
+    """Pods the drain deletes: removable, selected by its podSelector, and with
+    podEvictionFilters only those requesting a matching resource."""
+    if not removable(pod) or not selectors.matches_string(
+            drain.get("podSelector") or "", pod["metadata"].get("labels") or {}):
         return False
     filters = [f["byResourceNameRegex"] for f in drain.get("podEvictionFilters") or []
                if f.get("byResourceNameRegex")]
-    if not filters:
-        return True
-    requested = {name for c in (pod.get("spec") or {}).get("containers") or []
-                 for name in ((c.get("resources") or {}).get("requests") or {})}
-    return any(re.search(f, name) for f in filters for name in requested)  # Go's MatchString
-
-
-def drain_refusal(pod: Obj, drain: Obj) -> str | None:
-    """Why `kubectl drain` would not delete this pod with these settings."""
-    if not pod["metadata"].get("ownerReferences") and not drain.get("force"):
-        return "is not managed by a controller (drainSpec.force)"
-    volumes = (pod.get("spec") or {}).get("volumes") or []
-    if any("emptyDir" in v for v in volumes) and not drain.get("deleteEmptyDir"):
-        return "uses emptyDir storage (drainSpec.deleteEmptyDir)"
-    return None
-
-
-def pod_name(pod: Obj) -> str:
-    return f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+    return not filters or requests_matching(pod, filters)
 
 
 class MaintenanceController:
@@ -256,7 +224,7 @@ class MaintenanceController:
             waiting.append(pod_name(pod))
             if pod["metadata"].get("deletionTimestamp"):
                 continue
-            refusal = drain_refusal(pod, drain)
+            refusal = drain_refusal(pod, drain, "drainSpec")
             if refusal:
                 waiting[-1] += f" ({refusal})"
                 continue

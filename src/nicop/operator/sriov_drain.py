@@ -59,12 +59,12 @@ from nicop.kube.resources import (
     SRIOV_POOL_CONFIG,
     Obj,
 )
+from nicop.operator.drain import evictable, max_unavailable
 from nicop.operator.maintenance_requestor import (
     Requestor,
     RequestorOptions,
     sriov_maintenance_spec,
 )
-from nicop.operator.upgrade import evictable, max_unavailable
 
 log = logging.getLogger(__name__)
 

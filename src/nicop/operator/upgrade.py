@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -66,6 +65,7 @@ from nicop.api.upgrade import (
     attempts,
     held_reload,
 )
+from nicop.backoff import doubling
 from nicop.kube import selectors
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.events import EventRecorder
@@ -75,6 +75,8 @@ from nicop.kube.resources import CONTROLLER_REVISION, NODE, POD, Obj
 from nicop.kube.resources import NIC_CLUSTER_POLICY as NCP
 from nicop.kube.times import parse, stamp, utcnow
 from nicop.operator import metrics
+from nicop.operator.drain import evictable, max_unavailable
+from nicop.operator.drain import refusal as drain_refusal
 from nicop.operator.maintenance import reason_of
 from nicop.operator.maintenance_requestor import (
     Requestor,
@@ -104,15 +106,6 @@ STEP_CONCURRENCY = 32
 def _elapsed(since: str | None) -> float:
     started = parse(since)
     return (utcnow() - started).total_seconds() if started else 0.0
-
-
-def max_unavailable(value: Any, total: int) -> int:
-    """`maxUnavailable` as a node count: an int, or a percentage of the nodes rounded up."""
-    if value is None or value == "":
-        return total
-    if isinstance(value, str) and value.endswith("%"):
-        return math.ceil(total * float(value[:-1]) / 100)
-    return int(value)
 
 
 @dataclass
@@ -535,7 +528,7 @@ class UpgradeController:
             remaining.append(name)
             if pod["metadata"].get("deletionTimestamp"):
                 continue
-            refusal = _refusal(pod, plan.drain)
+            refusal = drain_refusal(pod, plan.drain, "ofedDriver.upgradePolicy.drain")
             if refusal:
                 return await self._fail(view, f"cannot drain: pod {name} {refusal}")
             try:
@@ -597,7 +590,7 @@ class UpgradeController:
         failed = attempts(view.node) + 1
         retry_at = None
         if failed <= self.retries:
-            delay = self.retry_backoff * 2 ** (failed - 1)
+            delay = doubling(self.retry_backoff, failed - 1)
             retry_at = stamp(utcnow() + timedelta(seconds=delay))
             then = f"attempt {failed} of {self.retries + 1}; retried in {delay:.0f}s"
         else:
@@ -727,28 +720,3 @@ def _pod_ready(pod: Obj) -> bool:
     statuses = status.get("containerStatuses") or []
     return status.get("phase") == "Running" and bool(statuses) and all(
         c.get("ready") for c in statuses)
-
-
-def evictable(pod: Obj, selector: str) -> bool:
-    """Pods a drain removes: not DaemonSet or mirror pods, not finished, not marked to stay."""
-    meta = pod["metadata"]
-    labels = meta.get("labels") or {}
-    if labels.get(DRAIN_SKIP_LABEL) == "true":
-        return False
-    if any(r.get("kind") == "DaemonSet" for r in meta.get("ownerReferences") or []):
-        return False
-    if "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
-        return False
-    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-        return False
-    return selectors.matches_string(selector, labels)
-
-
-def _refusal(pod: Obj, drain: Obj) -> str | None:
-    """Why `kubectl drain` would refuse this pod without force/deleteEmptyDir, with the fix."""
-    if not pod["metadata"].get("ownerReferences") and not drain.get("force"):
-        return "is not managed by a controller; set ofedDriver.upgradePolicy.drain.force"
-    volumes = (pod.get("spec") or {}).get("volumes") or []
-    if any("emptyDir" in v for v in volumes) and not drain.get("deleteEmptyDir"):
-        return "uses emptyDir storage; set ofedDriver.upgradePolicy.drain.deleteEmptyDir"
-    return None
