@@ -825,16 +825,16 @@ def test_64_pods_sharing_one_roce_port_the_64th_waits_until_one_goes(
 def test_a_deployment_asking_for_an_sriov_resource_gets_it_by_dra_or_the_device_plugin(
     client: Client, kubeconfig: Path, cluster: LocalCluster, namespace: str, deployed: None
 ) -> None:
-    """Zero-change migration (KEP-5004). One SriovNetworkNodePolicy (resourceName
-    `migrating_vf`; nicSelector vendor and pfNames, isRdma: upstream's fields,
-    sriov-network-operator api/v1/sriovnetworknodepolicy_types.go) makes VFs on the GPU node,
-    whose DRA driver serves SR-IOV resources (examples/nicnodepolicy-dra-gpu-nodes.yaml:
-    `sriovResources: true`), and on the storage node. A Deployment whose pods ask
-    `nvidia.com/migrating_vf: 1`, spread one per node: the storage node's pod gets a VF from the SR-IOV device plugin, the GPU node's from the DRA
+    """Zero-change migration (KEP-5004). One SriovNetworkNodePolicy (resourceName `migrating_vf`;
+    nicSelector vendor and pfNames, isRdma: upstream's fields, sriov-network-operator
+    api/v1/sriovnetworknodepolicy_types.go) makes VFs on the GPU node, whose DRA driver serves SR-
+    IOV resources (examples/nicnodepolicy-dra-gpu-nodes.yaml: `sriovResources: true`), and on the
+    storage node. A Deployment whose pods ask `nvidia.com/migrating_vf: 1`, spread one per node:
+    the storage node's pod gets a VF from the SR-IOV device plugin, the GPU node's from the DRA
     driver through the claim the real scheduler makes (the operator's DeviceClass maps the
-    resource); both see their VF's address in PCIDEVICE_NVIDIA_COM_MIGRATING_VF. The GPU node
-    runs no SR-IOV device plugin and advertises no such resource; `nicop status` says which
-    node serves it which way."""
+    resource); both see their VF's address in PCIDEVICE_NVIDIA_COM_MIGRATING_VF. The GPU node runs
+    no SR-IOV device plugin and advertises no such resource; `nicop status` says which node serves
+    it which way."""
     resource, variable = "nvidia.com/migrating_vf", "PCIDEVICE_NVIDIA_COM_MIGRATING_VF"
     storage_pf, storage_pf_name = "0000:3b:00.0", "enp59s0f0np0"  # node-2's first port
     group = "nicop.io/migration-test"
