@@ -827,8 +827,8 @@ def test_a_deployment_asking_for_an_sriov_resource_gets_it_by_dra_or_the_device_
 ) -> None:
     """Zero-change migration (KEP-5004). One SriovNetworkNodePolicy (resourceName `migrating_vf`;
     nicSelector vendor and pfNames, isRdma: upstream's fields, sriov-network-operator
-    api/v1/sriovnetworknodepolicy_types.go) makes VFs on the GPU node, whose DRA driver serves SR-
-    IOV resources (examples/nicnodepolicy-dra-gpu-nodes.yaml: `sriovResources: true`), and on the
+    api/v1/sriovnetworknodepolicy_types.go) makes VFs on the GPU node, whose DRA driver serves
+    SR-IOV resources (examples/nicnodepolicy-dra-gpu-nodes.yaml: `sriovResources: true`), and on the
     storage node. A Deployment whose pods ask `nvidia.com/migrating_vf: 1`, spread one per node:
     the storage node's pod gets a VF from the SR-IOV device plugin, the GPU node's from the DRA
     driver through the claim the real scheduler makes (the operator's DeviceClass maps the
