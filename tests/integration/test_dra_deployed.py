@@ -825,17 +825,17 @@ def test_64_pods_sharing_one_roce_port_the_64th_waits_until_one_goes(
 def test_a_deployment_asking_for_an_sriov_resource_gets_it_by_dra_or_the_device_plugin(
     client: Client, kubeconfig: Path, cluster: LocalCluster, namespace: str, deployed: None
 ) -> None:
-    """Zero-change migration (KEP-5004). One SriovNetworkNodePolicy (resourceName `migrating_vf`;
+    """Zero-change migration (KEP-5004). One SriovNetworkNodePolicy (resourceName `moving_vf`;
     nicSelector vendor and pfNames, isRdma: upstream's fields, sriov-network-operator
     api/v1/sriovnetworknodepolicy_types.go) makes VFs on the GPU node, whose DRA driver serves
     SR-IOV resources (examples/nicnodepolicy-dra-gpu-nodes.yaml: `sriovResources: true`), and on the
-    storage node. A Deployment whose pods ask `nvidia.com/migrating_vf: 1`, spread one per node:
+    storage node. A Deployment whose pods ask `nvidia.com/moving_vf: 1`, spread one per node:
     the storage node's pod gets a VF from the SR-IOV device plugin, the GPU node's from the DRA
     driver through the claim the real scheduler makes (the operator's DeviceClass maps the
-    resource); both see their VF's address in PCIDEVICE_NVIDIA_COM_MIGRATING_VF. The GPU node runs
+    resource); both see their VF's address in PCIDEVICE_NVIDIA_COM_MOVING_VF. The GPU node runs
     no SR-IOV device plugin and advertises no such resource; `nicop status` says which node serves
     it which way."""
-    resource, variable = "nvidia.com/migrating_vf", "PCIDEVICE_NVIDIA_COM_MIGRATING_VF"
+    resource, variable = "nvidia.com/moving_vf", "PCIDEVICE_NVIDIA_COM_MOVING_VF"
     storage_pf, storage_pf_name = "0000:3b:00.0", "enp59s0f0np0"  # node-2's first port
     group = "nicop.io/migration-test"
     roots = {DRA_NODE: cluster.node_root(DRA_NODE), PLUGIN_NODE: cluster.node_root(PLUGIN_NODE)}
@@ -850,8 +850,8 @@ def test_a_deployment_asking_for_an_sriov_resource_gets_it_by_dra_or_the_device_
 
     for node in roots:
         client.patch(Node, node, {"metadata": {"labels": {group: ""}}})
-    client.apply(SriovPolicy(metadata=ObjectMeta(name="migrating-vfs", namespace=NAMESPACE), spec={
-        "resourceName": "migrating_vf", "nodeSelector": {group: ""}, "numVfs": 2,
+    client.apply(SriovPolicy(metadata=ObjectMeta(name="moving-vfs", namespace=NAMESPACE), spec={
+        "resourceName": "moving_vf", "nodeSelector": {group: ""}, "numVfs": 2,
         "nicSelector": {"vendor": "15b3", "pfNames": [SRIOV_PF_NAME, storage_pf_name]},
         "isRdma": True}), field_manager="test", force=True)
     deployment = {
@@ -870,7 +870,7 @@ def test_a_deployment_asking_for_an_sriov_resource_gets_it_by_dra_or_the_device_
             wait_for(lambda n=node: numvfs(n) == "2", 180, f"the VFs on {node}")  # type: ignore[misc]
         wait_for(lambda: allocatable(client, PLUGIN_NODE, resource) == 2, 60,
                  f"{resource} advertised by the storage node's device plugin")
-        wait_for(lambda: dra.sriov_class_name("migrating_vf") in classes(client), 30,
+        wait_for(lambda: dra.sriov_class_name("moving_vf") in classes(client), 30,
                  "the operator's DeviceClass of the resource")
         create_object(kubeconfig, deployment)
 
@@ -926,9 +926,10 @@ def test_a_deployment_asking_for_an_sriov_resource_gets_it_by_dra_or_the_device_
     finally:
         with contextlib.suppress(ApiError):
             client.delete(Deployment, "migrating", namespace=namespace)
-        wait_for(lambda: not client.list(Pod, namespace=namespace, labels={"app": "migrating"}),
+        wait_for(lambda: not list(client.list(Pod, namespace=namespace,
+                                              labels={"app": "migrating"})),
                  60, "the Deployment's pods to go")
-        delete(client, SriovPolicy, "migrating-vfs", NAMESPACE)
+        delete(client, SriovPolicy, "moving-vfs", NAMESPACE)
         for node in roots:
             client.patch(Node, node, {"metadata": {"labels": {group: None}}})
             wait_for(lambda n=node: numvfs(n) == "0", 120, f"the VFs of {node} removed")  # type: ignore[misc]

@@ -28,7 +28,7 @@ RESOURCE = "example.com/nic"
 
 @pytest.fixture
 def sockdir() -> Iterator[Path]:
-    """A short directory: unix socket paths are limited to 107 bytes."""
+    """A short directory: gRPC binds unix socket paths of at most 105 bytes."""
     path = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))
     yield path / "device-plugins"
     shutil.rmtree(path)

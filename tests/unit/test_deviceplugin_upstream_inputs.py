@@ -35,7 +35,7 @@ PF0, PF1 = "enp59s0f0np0", "enp59s0f1np1"  # the two ports of the cx6dx profile
 
 @pytest.fixture
 def root() -> Iterator[Path]:
-    """A short node root: unix socket paths are limited to 107 bytes."""
+    """A short node root: gRPC binds unix socket paths of at most 105 bytes."""
     path = Path(tempfile.mkdtemp(prefix="dpu-", dir="/tmp"))
     yield path
     shutil.rmtree(path)

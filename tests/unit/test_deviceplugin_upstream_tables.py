@@ -48,7 +48,7 @@ DEVINFO = "/var/run/k8s.cni.cncf.io/devinfo/dp"
 
 @pytest.fixture
 def root() -> Iterator[Path]:
-    """A short node root: unix socket paths are limited to 107 bytes."""
+    """A short node root: gRPC binds unix socket paths of at most 105 bytes."""
     path = Path(tempfile.mkdtemp(prefix="dpt-", dir="/tmp"))
     yield path
     shutil.rmtree(path)

@@ -28,7 +28,7 @@ from nicop_sim.kubelet import Kubelet
 
 @pytest.fixture
 def root() -> Iterator[Path]:
-    """A short node root: unix socket paths are limited to 107 bytes."""
+    """A short node root: gRPC binds unix socket paths of at most 105 bytes."""
     path = Path(tempfile.mkdtemp(prefix="rdma-", dir="/tmp"))
     yield path
     shutil.rmtree(path)

@@ -30,7 +30,7 @@ DEVINFO = "/var/run/k8s.cni.cncf.io/devinfo/dp"
 
 @pytest.fixture
 def root() -> Iterator[Path]:
-    """A short node root: unix socket paths are limited to 107 bytes."""
+    """A short node root: gRPC binds unix socket paths of at most 105 bytes."""
     path = Path(tempfile.mkdtemp(prefix="sriov-", dir="/tmp"))
     yield path
     shutil.rmtree(path)

@@ -41,7 +41,7 @@ KUBELET_SOCKET = "kubelet.sock"
 REGISTER_TIMEOUT = 5.0
 # How long a registered plugin waits for the kubelet's ListAndWatch before registering again.
 STREAM_GRACE = 5.0
-MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
+MAX_SOCKET_PATH = 105  # what gRPC binds (measured; sun_path itself holds 107 and a NUL)
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ class DevicePluginServer:
         if len(str(self.socket_path)) > MAX_SOCKET_PATH:
             raise ValueError(
                 f"socket path {self.socket_path} is {len(str(self.socket_path))} bytes, more "
-                f"than a unix socket allows ({MAX_SOCKET_PATH}); use a shorter host root"
+                f"than gRPC binds ({MAX_SOCKET_PATH}); use a shorter resourceName or host root"
             )
 
     # ------------------------------------------------------------------ state
