@@ -499,6 +499,9 @@ def test_a_vf_claim_made_before_its_policy_binds_once_the_vf_is_ready_or_fails_s
             "nodeSelector": {"kubernetes.io/hostname": DRA_NODE}, "linkType": "ib",
             "nicSelector": {"pfNames": [pf_name]}})
 
+    # A config daemon of an earlier test may still be on its way out: the one held below must
+    # be the one that makes this test's VFs.
+    wait_for(lambda: config_daemon() is None, 120, "no config daemon left from before")
     create(kubeconfig, *vf_user(namespace, SRIOV_PF_NAME, "vf-early"))
     try:
         wait_for(lambda: any(c.reason == "Unschedulable"

@@ -162,7 +162,7 @@ def test_preferred_allocation_keeps_a_container_on_one_numa_node(sockdir: Path) 
 
 
 def test_socket_path_must_fit_a_unix_socket() -> None:
-    with pytest.raises(ValueError, match="shorter host root"):
+    with pytest.raises(ValueError, match="shorter resourceName or host root"):
         DevicePluginServer(RESOURCE, Path("/" + "x" * 100), "nic.sock", allocate)
 
 
