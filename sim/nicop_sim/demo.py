@@ -29,7 +29,7 @@ from nicop_sim import hardware
 from nicop_sim.cluster import ClusterError, LocalCluster, free_port
 
 NAMESPACE = "nvidia-network-operator"
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parent / "examples"  # package data: the demo runs installed
 POLICY_FILE = EXAMPLES / "nicclusterpolicy-demo.yaml"
 SRIOV_FILE = EXAMPLES / "demo" / "sriov.yaml"
 DEVICES_ANNOTATION = "nicop.io/devices"
