@@ -67,6 +67,26 @@ def example(name: str, namespace: str) -> tuple[dict[str, Any], dict[str, Any] |
     return docs[0], docs[1] if len(docs) > 1 else None
 
 
+async def trainers_placed(api: ApiClient, namespace: str, node: str,
+                          pairs: int) -> list[dict[str, Any]]:
+    """Wait until `pairs` of examples/dra/gpu-and-nic.yaml's pods run on `node` and one more is
+    unschedulable; the placed ones."""
+    async def pods() -> list[dict[str, Any]]:
+        items, _ = await api.list(POD, namespace, label_selector="app=dra-train")
+        return items
+
+    def unschedulable(pod: dict[str, Any]) -> bool:
+        return any(c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+                   for c in (pod.get("status") or {}).get("conditions") or [])
+
+    async def placed() -> bool:
+        items = await pods()
+        return (sum(p["spec"].get("nodeName") == node for p in items) == pairs
+                and sum(map(unschedulable, items)) == 1)
+    await until(placed, 120, f"{pairs} pods scheduled and one unschedulable")
+    return [p for p in await pods() if p["spec"].get("nodeName") == node]
+
+
 def pod_named(pod: dict[str, Any] | None, name: str) -> dict[str, Any]:
     assert pod is not None
     copy = json.loads(json.dumps(pod))
@@ -227,24 +247,8 @@ def test_a_gb300s_four_gpu_nic_pairs_align_through_data_direct_and_a_fifth_waits
             pinned["spec"]["nodeSelector"] = {"kubernetes.io/hostname": NODE}
             await api.create(pinned)
 
-        async def pods() -> list[dict[str, Any]]:
-            items, _ = await api.list(POD, namespace, label_selector="app=dra-train")
-            return items
-
-        def unschedulable(pod: dict[str, Any]) -> bool:
-            return any(c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
-                       for c in (pod.get("status") or {}).get("conditions") or [])
-
-        async def placed() -> bool:
-            items = await pods()
-            return (sum(p["spec"].get("nodeName") == NODE for p in items) == GB300_PAIRS
-                    and sum(map(unschedulable, items)) == 1)
-        await until(placed, 120, f"{GB300_PAIRS} pods scheduled and one unschedulable")
-
         gpus, nics = set(), set()
-        for scheduled in await pods():
-            if not scheduled["spec"].get("nodeName"):
-                continue
+        for scheduled in await trainers_placed(api, namespace, NODE, GB300_PAIRS):
             [status] = scheduled["status"]["resourceClaimStatuses"]
             claim = await api.get(CLAIM, status["resourceClaimName"], namespace)
             results = {r["request"]: r for r in

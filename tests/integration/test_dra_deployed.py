@@ -37,7 +37,7 @@ from tests.integration.test_dra_alignment import (
     CLAIM_TEMPLATE,
     example,
     pod_named,
-    until,
+    trainers_placed,
 )
 from tests.integration.test_operator_node_policy import nnp_status, pod_nodes
 from tests.integration.watching import Watch
@@ -304,25 +304,11 @@ def test_eight_gpu_nic_pairs_on_the_dgx_share_their_pcie_root_and_a_ninth_waits(
         for i in range(PAIRS + 1):
             await api.create(pod_named(pod, f"train-{i}"))
 
-        async def pods() -> list[dict[str, Any]]:
-            items, _ = await api.list(POD, namespace, label_selector="app=dra-train")
-            return items
-
-        def unschedulable(pod: dict[str, Any]) -> bool:
-            return any(c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
-                       for c in (pod.get("status") or {}).get("conditions") or [])
-
-        async def placed() -> bool:
-            items = await pods()
-            return (sum(p["spec"].get("nodeName") == DRA_NODE for p in items) == PAIRS
-                    and sum(map(unschedulable, items)) == 1)
-        await until(placed, 120, f"{PAIRS} pods scheduled and one unschedulable")
+        placed = await trainers_placed(api, namespace, DRA_NODE, PAIRS)
         print(f"{PAIRS} GPU-NIC pods scheduled in {time.monotonic() - started:.1f}s")
 
         gpus, nics = [], []
-        for pod in await pods():
-            if not pod["spec"].get("nodeName"):
-                continue
+        for pod in placed:
             [status] = pod["status"]["resourceClaimStatuses"]
             claim = await api.get(CLAIM, status["resourceClaimName"], namespace)
             results = {r["request"]: r for r in
@@ -333,7 +319,8 @@ def test_eight_gpu_nic_pairs_on_the_dgx_share_their_pcie_root_and_a_ninth_waits(
             gpus.append(gpu["device"])
             nics.append(nic["device"])
         assert len(set(gpus)) == len(set(nics)) == PAIRS
-        [waiting] = [p for p in await pods() if not p["spec"].get("nodeName")]
+        items, _ = await api.list(POD, namespace, label_selector="app=dra-train")
+        [waiting] = [p for p in items if not p["spec"].get("nodeName")]
         condition = next(c for c in waiting["status"]["conditions"]
                          if c["type"] == "PodScheduled")
         assert "claim" in condition["message"].lower(), condition
