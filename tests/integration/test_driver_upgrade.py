@@ -1,6 +1,6 @@
-"""Rolling driver upgrades across 20 nodes running workloads, observed by a watch.
+"""Rolling driver upgrades across 30 nodes running workloads, observed by a watch.
 
-This module runs its own control plane with 20 nodes (the shared one has 4), its own operator,
+This module runs its own control plane with 30 nodes (the shared one has 4), its own operator,
 and a thread that watches every node and remembers the worst moment of the rollout.
 """
 
@@ -36,7 +36,7 @@ from tests.integration.watching import Watch
 
 from nicop_sim.cluster import LocalCluster
 
-NODES = 20
+NODES = 30
 POLICY: dict[str, Any] = {
     "apiVersion": "mellanox.com/v1alpha1", "kind": "NicClusterPolicy",
     "metadata": {"name": "nic-cluster-policy"},
@@ -143,7 +143,7 @@ def test_rollout_respects_limits_and_finishes(bclient: Client, op: OperatorProce
     bump(bclient, POLICY)
     wait_for(lambda: rolled_out(bclient), 300, "the rollout to finish")
     observer.stop()
-    assert 1 <= observer.max_cordoned <= 3, "maxParallelUpgrades 3 (and 20% of 20 = 4)"
+    assert 1 <= observer.max_cordoned <= 3, "maxParallelUpgrades 3 (and 20% of 30 = 6)"
     assert replaced_once(observer), \
         "each node's driver pod is replaced exactly once"
     # The policy's status follows the node labels at its next reconcile.
