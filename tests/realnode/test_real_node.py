@@ -30,6 +30,7 @@ from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_
 from nicop.api import dra
 from nicop.api.install import install_crds
 from nicop_sim.cluster import LocalCluster, running_cluster
+from nicop_sim.hardware import SimulatedHost
 from nicop_sim.kubelet import DEVICES_ANNOTATION
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -58,10 +59,11 @@ def policy() -> dict[str, Any]:
     return dict(body)
 
 
-def kubectl(cluster: LocalCluster, *args: str, timeout: float = 60) -> str:
+def kubectl(cluster: LocalCluster, *args: str, timeout: float = 60,
+            stdin: str | None = None) -> str:
     done = subprocess.run([str(cluster.bin_dir / "kubectl"), "--kubeconfig",
                            str(cluster.kubeconfig), *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, input=stdin)
     assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
     return done.stdout
 
@@ -263,6 +265,80 @@ def test_a_pod_with_a_dra_claim_holds_the_devices_of_its_cdi_spec(
         wait_for(lambda: not pods_named(real_client, "dra-workload"), timeout=60,
                  what="the DRA workload gone")
         real_client.delete(ResourceClaim, "one-nic", namespace="default")
+
+
+# NetworkAttachmentDefinition and claim template, without the pod (the test's is pinned to the
+# real node): upstream's single-VF demo of the SR-IOV DRA driver on nicop.
+DRA_VF_NETWORK = ROOT / "examples/dra/vf-on-a-network.yaml"
+
+
+def without_pods(path: Path) -> str:
+    return yaml.safe_dump_all(d for d in yaml.safe_load_all(path.read_text())
+                              if d["kind"] != "Pod")
+
+
+def published(client: Client, kind: str, node: str = NODE) -> dict[str, dict[str, Any]]:
+    """The devices of `kind` nicop's DRA driver publishes for `node`, by name."""
+    return {d["name"]: d for s in client.list(ResourceSlice)
+            if s["spec"]["driver"] == dra.DRIVER and s["spec"].get("nodeName") == node
+            for d in s["spec"].get("devices", [])
+            if d.get("attributes", {}).get(dra.KIND, {}).get("string") == kind}
+
+
+def test_a_pod_on_a_dra_vf_claim_gets_its_network_and_the_claim_shows_what_it_got(
+        deployed: LocalCluster, real_client: Client) -> None:
+    """Two VFs an administrator made (no SR-IOV policy: the DRA driver publishes them) and
+    examples/dra/vf-on-a-network.yaml, upstream's single-VF demo (k8snetworkplumbingwg/
+    dra-driver-sriov, demo/single-vf-claim/single-vf.yaml) on nicop: the kubelet prepares the
+    claim, and at the sandbox nicop's multus attaches the VF as the claim's VfConfig says (the
+    sriov delegate, host-local IPAM). Inside the container `net1` has the MAC and the address
+    that the claim's status.devices[].networkData shows, beside the plugin's Ready
+    condition."""
+    host = SimulatedHost(deployed.real_node(NODE).tree)
+    pf = min(d["attributes"][dra.PCI_ADDRESS]["string"]
+             for d in published(real_client, dra.KIND_PF).values())
+    host.set_numvfs(pf, 2)
+    try:
+        wait_for(lambda: len(published(real_client, dra.KIND_VF)) == 2, timeout=60,
+                 what="the administrator's 2 VFs published")
+        kubectl(deployed, "apply", "-f", "-", stdin=without_pods(DRA_VF_NETWORK))
+        wait_for(lambda: any(p.metadata.name.startswith("nicop-cni-daemon") and ready(p)
+                             for p in pods_on(real_client, NODE)), timeout=120,
+                 what="nicop's CNI daemon ready on the real node for the sriov network")
+        real_client.create(Pod.from_dict({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "dra-vf-workload", "namespace": "default"},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": NODE},
+                     "resourceClaims": [{"name": "vf", "resourceClaimTemplateName": "single-vf"}],
+                     "containers": [{"name": "app", "image": "nicop:0.1.0", "command": SLEEP,
+                                     "resources": {"claims": [{"name": "vf"}]}}]}}))
+        pod = wait_for(lambda: attached(real_client, "dra-vf-workload"), timeout=120,
+                       what="the DRA VF workload running")
+        [generated] = pod.status.resourceClaimStatuses
+        claim = real_client.get(ResourceClaim, generated.resourceClaimName, namespace="default")
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        [entry] = [d for d in claim["status"].get("devices") or []
+                   if d["device"] == result["device"]]
+        assert {c["type"] for c in entry["conditions"]} >= {"Ready"}, entry
+        data = entry["networkData"]
+        assert data["interfaceName"] == "net1", data
+        [cidr] = data["ips"]
+        assert cidr.startswith("10.0.1.") and cidr.endswith("/24"), data
+        links, _, fib, mac = look_inside(deployed, "dra-vf-workload")
+        assert "net1" in links and mac == data["hardwareAddress"], (links, mac, data)
+        assert cidr.split("/")[0] in fib_addresses(fib), fib
+        status = json.loads(pod.metadata.annotations[NETWORK_STATUS])
+        assert [s["name"] for s in status if s.get("interface") == "net1"] == ["default/vf-test1"]
+    finally:
+        with contextlib.suppress(ApiError):
+            real_client.delete(Pod, "dra-vf-workload", namespace="default")
+        wait_for(lambda: not pods_named(real_client, "dra-vf-workload"), timeout=90,
+                 what="the DRA VF workload gone, its VF back on the node")
+        kubectl(deployed, "delete", "--ignore-not-found", "-f", "-",
+                stdin=without_pods(DRA_VF_NETWORK))
+        host.set_numvfs(pf, 0)
+        wait_for(lambda: not published(real_client, dra.KIND_VF), timeout=60,
+                 what="the VFs gone from the slice")
 
 
 def test_a_pod_on_the_sriov_network_has_its_vf_with_its_address_vlan_and_rdma_devices(

@@ -20,6 +20,7 @@ had added, last first, and names the network and the delegate's error.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import json
 import logging
@@ -29,6 +30,8 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from nicop.api.dra import DRIVER, KIND_VF
+from nicop.api.dra_config import ConfigError, vf_configs
 from nicop.api.labels import (
     NETWORK_STATUS_ANNOTATION,
     NETWORKS_ANNOTATION,
@@ -40,8 +43,9 @@ from nicop.cni.spec import CniError, Code, Obj, Request, parse_request, render_r
 from nicop.cni.state import read_json, remove, write_json
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.resources import NETWORK_ATTACHMENT_DEFINITION as NAD
-from nicop.kube.resources import POD
+from nicop.kube.resources import POD, RESOURCE_CLAIM
 from nicop.kube.times import stamp
+from nicop.node.dra.devices import device_address
 from nicop.node.host import Host
 
 log = logging.getLogger(__name__)
@@ -53,6 +57,7 @@ Devices = Callable[[str, str], dict[str, list[str]]]
 CACHE_DIR = "/var/lib/cni/multus"
 CONF_NAME = "multus-cni-network"
 CACHE_FORMAT = "nicop-multus/1"
+CLAIM_STATUS_MANAGER = "nicop-multus"
 # A DNS-1123 label: what Multus accepts for the namespace and name of the comma-separated form.
 LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -192,6 +197,22 @@ def network_status(network: str, ifname: str, result: Obj, *, default: bool = Fa
     return status
 
 
+def network_data(ifname: str, result: Obj) -> Obj:
+    """A device's networkData in a claim's status (KEP-4817): the interface in the pod, its
+    addresses in CIDR form, its MAC."""
+    interfaces = result.get("interfaces") or []
+    index = next((i for i, it in enumerate(interfaces)
+                  if it.get("sandbox") and it.get("name") == ifname), None)
+    data: Obj = {"interfaceName": ifname}
+    ips = [ip["address"] for ip in result.get("ips") or []
+           if ip.get("interface") is None or ip.get("interface") == index]
+    if ips:
+        data["ips"] = ips
+    if index is not None and interfaces[index].get("mac"):
+        data["hardwareAddress"] = interfaces[index]["mac"]
+    return data
+
+
 # ------------------------------------------------------------------ the plugin
 
 @dataclass
@@ -205,6 +226,7 @@ class Attachment:
     default: bool = False
     device_id: str = ""
     result: Obj | None = None
+    claim: Obj | None = None  # a DRA claim's VF: where its networkData goes (not cached)
 
     def to_cache(self) -> Obj:
         return {"network": self.network, "ifname": self.ifname, "config": self.config,
@@ -404,7 +426,89 @@ class MultusPlugin:
             plan.append(Attachment(network=sel.key, ifname=ifname,
                                    config=delegate_config(nad, sel, device_id),
                                    capability_args=capability, device_id=device_id))
+        return plan + self._claimed_networks(pod, ifnames, len(selections))
+
+    def _claimed_networks(self, pod: Obj, ifnames: dict[str, str],
+                          position: int) -> list[Attachment]:
+        """The VFs nicop's DRA driver allocated to the pod's claims on its node whose VfConfig
+        names a network (nicop.api.dra_config), each attached as that network with the VF as
+        its device, after the annotation's networks."""
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        namespace, name = meta["namespace"], meta["name"]
+        made = {s.get("name"): s.get("resourceClaimName")
+                for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
+        claim_names = [c.get("resourceClaimName") or made.get(c.get("name"))
+                       for c in spec.get("resourceClaims") or []]
+        plan = []
+        for claim_name in filter(None, claim_names):
+            claim = self._claim(namespace, claim_name)
+            try:
+                configs = vf_configs(claim)
+            except ConfigError as e:
+                raise CniError(Code.INVALID_CONFIG, f"pod {namespace}/{name}: {e}",
+                               "fix the config of the claim or of its template") from None
+            results = (((claim.get("status") or {}).get("allocation") or {}).get("devices")
+                       or {}).get("results") or []
+            for result in results:
+                config = configs.get(result.get("request", ""))
+                kind_address = device_address(str(result.get("device")))
+                if result.get("driver") != DRIVER or result.get("pool") != spec.get("nodeName") \
+                        or config is None or not config.network or kind_address is None \
+                        or kind_address[0] != KIND_VF:
+                    continue
+                address = kind_address[1]
+                sel = Selection(name=config.network,
+                                namespace=config.network_namespace or namespace)
+                position += 1
+                ifname = config.if_name or f"net{position}"
+                if ifname in ifnames:
+                    raise CniError(Code.INVALID_CONFIG, f"pod {namespace}/{name}: networks "
+                                   f"{ifnames[ifname]} and {sel.key} (claim {claim_name}) both "
+                                   f"use interface {ifname}", "give the claim's VfConfig "
+                                   "another ifName")
+                ifnames[ifname] = sel.key
+                plan.append(Attachment(
+                    network=sel.key, ifname=ifname,
+                    config=delegate_config(self._nad(sel), sel, address),
+                    capability_args={"deviceID": address}, device_id=address,
+                    claim={"namespace": namespace, "name": claim_name,
+                           "pool": result["pool"], "device": result["device"]}))
         return plan
+
+    def _claim(self, namespace: str, name: str) -> Obj:
+        client = self.client
+        assert client is not None
+        try:
+            claim = self._api(lambda: client.get_or_none(RESOURCE_CLAIM, name, namespace))
+        except ApiError as e:
+            raise CniError(Code.TRY_AGAIN_LATER, f"cannot get resource claim {namespace}/"
+                           f"{name}: {e}") from None
+        if claim is None:
+            raise CniError(Code.INTERNAL, f"resource claim {namespace}/{name} not found",
+                           "the claim was deleted before the pod's network was set up")
+        return claim
+
+    def _claim_status(self, plan: list[Attachment]) -> None:
+        """What each DRA claim's VF became in the pod, as the claim's status.devices[]
+        networkData (its own field manager: the kubelet plugin's conditions stay)."""
+        client = self.client
+        assert client is not None
+        by_claim: dict[tuple[str, str], list[Obj]] = {}
+        for att in plan:
+            if att.claim is not None:
+                by_claim.setdefault((att.claim["namespace"], att.claim["name"]), []).append({
+                    "driver": DRIVER, "pool": att.claim["pool"], "device": att.claim["device"],
+                    "networkData": network_data(att.ifname, att.result or {})})
+        for (namespace, name), entries in by_claim.items():
+            body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                    "metadata": {"name": name, "namespace": namespace},
+                    "status": {"devices": entries}}
+            try:
+                self._api(functools.partial(client.apply, body, subresource="status",
+                                            res=RESOURCE_CLAIM, manager=CLAIM_STATUS_MANAGER))
+            except (ApiError, CniError) as e:
+                log.warning("claim %s/%s: its VFs are attached but their networkData is not "
+                            "written: %s", namespace, name, e)
 
     def _devices(self, namespace: str, name: str) -> dict[str, list[str]]:
         if self.devices is None:
@@ -442,6 +546,7 @@ class MultusPlugin:
                                        device_id=a.device_id) for a in plan]
             if pod is not None:
                 self._set_status(pod, statuses)
+                self._claim_status(plan)
         except BaseException:
             self._rollback(req, added)
             raise

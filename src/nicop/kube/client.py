@@ -218,16 +218,17 @@ class ApiClient:
 
     async def apply(
         self, obj: Obj, *, subresource: str | None = None, force: bool = True,
-        res: Resource | None = None, dry_run: bool = False,
+        res: Resource | None = None, dry_run: bool = False, manager: str = FIELD_MANAGER,
     ) -> Obj:
         """Server-side apply of `obj` (which holds only the fields nicop owns); with `dry_run`
-        the object as the API server would store it, defaults filled in, nothing written."""
+        the object as the API server would store it, defaults filled in, nothing written.
+        Another `manager` keeps fields apart that two nicop agents set in one object."""
         res = res or resource_of(obj)
         m = obj["metadata"]
         path = res.path(m.get("namespace"), m["name"])
         if subresource:
             path += f"/{subresource}"
-        params = {"fieldManager": FIELD_MANAGER, "force": "true" if force else "false"}
+        params = {"fieldManager": manager, "force": "true" if force else "false"}
         if dry_run:
             params["dryRun"] = "All"
         return await self._send("dry-run" if dry_run else "apply", res, "PATCH", path,

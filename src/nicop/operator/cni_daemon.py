@@ -76,6 +76,9 @@ def render(ctx: Context, plugins: list[str]) -> list[Obj]:
     bin_volume, bin_mount = host_path("cni-bin", ctx.cni_bin_dir, f"/host{ctx.cni_bin_dir}",
                                       type_="DirectoryOrCreate")
     volumes.append(bin_volume)
+    # The node's other CNI plugins, where CNI_PATH names them: the IPAM a network delegates to
+    # (host-local, whereabouts) runs from the daemon.
+    mounts.append({"name": "cni-bin", "mountPath": ctx.cni_bin_dir, "readOnly": True})
     install = agent_container(
         ctx, "cni-install", {},
         ["cni-install", "--host-root", "/host", "--cni-bin-dir", ctx.cni_bin_dir,

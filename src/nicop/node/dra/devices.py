@@ -96,6 +96,16 @@ def device_name(kind: str, address: str) -> str:
     return f"{kind}-{address.replace(':', '-').replace('.', '-')}"
 
 
+def device_address(name: str) -> tuple[str, str] | None:
+    """`vf-0000-3b-00-2` -> (`vf`, `0000:3b:00.2`); None for a name device_name did not make."""
+    kind, _, rest = name.partition("-")
+    parts = rest.split("-")
+    if len(parts) != 4 or not all(parts):
+        return None
+    domain, bus, slot, function = parts
+    return kind, f"{domain}:{bus}:{slot}.{function}"
+
+
 def node_pool(inv: Inventory, host: Host, *, shared: bool = False,
               vfs: VfPolicy | None = None,
               plan: Mapping[str, PlannedPf] | None = None) -> PoolContent:

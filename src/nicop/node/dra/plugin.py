@@ -6,14 +6,16 @@ node's pool, and writes one CDI spec file per claim into the runtime's CDI direc
 its `/dev/infiniband` nodes and rdma_cm, the environment the SR-IOV device plugin gives
 (`PCIDEVICE_<DRIVER>_<REQUEST>` = the request's PCI addresses; for a pod's extended resource,
 `PCIDEVICE_<RESOURCE>` as for the device plugin's) and, for a VF, its netdev (moved
-into the pod's network namespace by CDI-aware runtimes). The kubelet passes the returned CDI
-IDs to the runtime.
+into the pod's network namespace by CDI-aware runtimes) unless the claim's VfConfig names a
+network (nicop.api.dra_config): nicop's Multus attaches that VF, with the network's IPAM. The
+kubelet passes the returned CDI IDs to the runtime.
 
 Once prepared, each device's status goes into the claim's `status.devices` (KEP-4817): a Ready
-condition, and for a VF the `networkData` of the interface the pod gets (its name and MAC; the
-pod's addresses are the CNI's, not the driver's). Writing it needs `resourceclaims/status` and
-the node-bound `associated-node:patch` of `resourceclaims/driver` for this driver; a cluster that
-refuses it keeps the claim prepared, with a warning.
+condition, and for a VF the runtime moves the `networkData` of the interface the pod gets (its
+name and MAC; a VF on a network gets its networkData, addresses too, from Multus). Writing it
+needs `resourceclaims/status` and the node-bound `associated-node:patch` of
+`resourceclaims/driver` for this driver; a cluster that refuses it keeps the claim prepared,
+with a warning.
 
 What was prepared is kept in a checkpoint file beside the sockets, so a repeated call answers
 the same without reading the API, and a restarted plugin still knows what to undo.
@@ -33,6 +35,7 @@ import grpc
 from grpc import aio
 
 from nicop.api import dra
+from nicop.api.dra_config import ConfigError, VfConfig, vf_configs
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.resources import DEVICE_CLASS, RESOURCE_CLAIM
 from nicop.kube.times import stamp
@@ -164,7 +167,12 @@ class DraPlugin:
                                    f"{claim.name} is not on node {self.node_name} any more")
             pci.setdefault(result["request"], []).append(fn.address)
         names = await self._env_names(obj)
+        try:
+            configs = vf_configs(obj)
+        except ConfigError as e:
+            raise PrepareError(str(e)) from None
         spec_devices, answer = [], []
+        attached_by_cni: set[str] = set()
         for result in results:
             fn = by_name[result["device"]]
             request = result["request"]
@@ -174,7 +182,9 @@ class DraPlugin:
                 "deviceNodes": [{"path": p, "hostPath": p, "permissions": "rw"}
                                 for p in _char_devices(fn, inventory)],
             }
-            if fn.pf is not None and fn.netdev is not None:
+            if fn.pf is not None and configs.get(request, VfConfig()).network:
+                attached_by_cni.add(result["device"])  # left where the CNI finds it
+            elif fn.pf is not None and fn.netdev is not None:
                 edits["netDevices"] = [{"hostInterfaceName": fn.netdev.name,
                                         "name": fn.netdev.name}]
             name = f"{claim.uid}-{result['device']}"
@@ -185,7 +195,8 @@ class DraPlugin:
         if spec_devices:
             self._write_spec(claim.uid, {"cdiVersion": CDI_VERSION, "kind": CDI_KIND,
                                          "devices": spec_devices})
-            await self._report(obj, [(r, by_name[r["device"]]) for r in results])
+            await self._report(obj, [(r, by_name[r["device"]]) for r in results],
+                               attached_by_cni)
         self._prepared[claim.uid] = {"namespace": claim.namespace, "name": claim.name,
                                      "devices": answer}
         self._save()
@@ -219,9 +230,11 @@ class DraPlugin:
         return names
 
     async def _report(self, claim: dict[str, Any],
-                      prepared: list[tuple[dict[str, Any], discovery.PciFunction]]) -> None:
+                      prepared: list[tuple[dict[str, Any], discovery.PciFunction]],
+                      attached_by_cni: set[str]) -> None:
         """The prepared devices' status in the claim (server-side apply of this driver's
-        entries only: other drivers' stay theirs)."""
+        entries only: other drivers' stay theirs). The networkData of a VF that joins a
+        network is the CNI's to write, once the pod has it."""
         now = stamp()
         devices = []
         for result, fn in prepared:
@@ -238,7 +251,8 @@ class DraPlugin:
                                 "lastTransitionTime": now}, *conditions]}
             if result.get("shareID"):
                 entry["shareID"] = result["shareID"]
-            if fn.pf is not None and fn.netdev is not None:
+            if fn.pf is not None and fn.netdev is not None \
+                    and result["device"] not in attached_by_cni:
                 network = {"interfaceName": fn.netdev.name}
                 mac = self.host.read(f"/sys/class/net/{fn.netdev.name}/address")
                 if mac:

@@ -5,12 +5,15 @@ same DaemonSet runs nicop's own meta-plugin instead: an init container installs 
 executable into the node's CNI bin dir, and `nicop multus-daemon` (host network, privileged)
 serves it and writes 00-multus.conf, seeing the CNI dirs, the pods' network namespaces, the CNI
 state and the kubelet's PodResources socket (which devices each pod got). Its ServiceAccount
-may read pods and NetworkAttachmentDefinitions, patch pods (network-status) and record Events.
+may read pods and NetworkAttachmentDefinitions, patch pods (network-status) and record Events;
+for the VFs of nicop's DRA claims that name a network, read the claims and write, on its own
+node only, the networkData of nicop's driver into their status.
 """
 
 from __future__ import annotations
 
 from nicop.api.agents import METRICS_PORTS, MULTUS_SOCKET, uses_nicop
+from nicop.api.dra import DRIVER
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
     EVENTS_RULE,
@@ -103,6 +106,11 @@ def render_nicop(ctx: Context, spec: Obj) -> list[Obj]:
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]},
         {"apiGroups": ["k8s.cni.cncf.io"], "resources": ["network-attachment-definitions"],
          "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"],
+         "verbs": ["patch"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"],
+         "resourceNames": [DRIVER], "verbs": ["associated-node:patch"]},
         EVENTS_RULE,
     ])]
     volumes, mounts = [], []
