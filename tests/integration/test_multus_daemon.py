@@ -323,3 +323,127 @@ def test_what_multus_refuses_before_calling_any_delegate(
     assert node.calls() == []
     for container in ("c2", "c3", "c4", "c5"):
         assert not node.cache(container).exists()
+
+
+# ------------------------------------------------------------------ VFs of DRA claims
+
+ResourceClaim = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaim",
+                                           "resourceclaims")
+NODE_NAME = "dra-node"
+VF_DEVICE, VF_ADDRESS = "vf-0000-18-00-2", "0000:18:00.2"
+
+
+def node_pod(client: Client, namespace: str, name: str, networks: str = "",
+             claims: list[dict[str, str]] | None = None, extended: str = "") -> Any:
+    """A pod bound to NODE_NAME (as the scheduler leaves it), with `claims` as its
+    resourceClaims and `extended` as the limit of its container."""
+    container: dict[str, Any] = {"name": "c", "image": "busybox"}
+    if extended:
+        container["resources"] = {"limits": {extended: "1"}}
+    if claims:
+        container["resources"] = {"claims": [{"name": c["name"]} for c in claims]}
+    return client.create(Pod.from_dict({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace,
+                     "annotations": {"k8s.v1.cni.cncf.io/networks": networks} if networks
+                     else {}},
+        "spec": {"nodeName": NODE_NAME, "containers": [container],
+                 "resourceClaims": claims or []}}))
+
+
+def allocated_claim(client: Client, namespace: str, name: str, request: str,
+                    config: list[dict[str, Any]] | None = None,
+                    annotations: dict[str, str] | None = None) -> Any:
+    """A claim the scheduler allocated one of nicop's VFs on NODE_NAME to (its status written
+    as the scheduler writes it), with `config` as the claim's configs."""
+    spec: dict[str, Any] = {"devices": {"requests": [
+        {"name": request, "exactly": {"deviceClassName": "vf.rdma.nicop.io"}}]}}
+    if config:
+        spec["devices"]["config"] = config
+    client.create(ResourceClaim(metadata=ObjectMeta(name=name, namespace=namespace,
+                                                    annotations=annotations),
+                                spec=spec))
+    client.patch(ResourceClaim.Status, name, {"status": {"allocation": {"devices": {
+        "results": [{"request": request, "driver": "rdma.nicop.io", "pool": NODE_NAME,
+                     "device": VF_DEVICE}],
+        "config": [{**c, "source": "FromClaim"} for c in config or []]}}}},
+        namespace=namespace)
+    return client.get(ResourceClaim, name, namespace=namespace)
+
+
+def vf_config(**fields: str) -> list[dict[str, Any]]:
+    return [{"requests": ["vf"], "opaque": {"driver": "rdma.nicop.io", "parameters": {
+        "apiVersion": "rdma.nicop.io/v1alpha1", "kind": "VfConfig", **fields}}}]
+
+
+def test_a_dra_claims_vf_joins_the_network_its_vfconfig_names_and_the_claim_shows_it(
+        api: LocalCluster, namespace: str, node: MultusNode) -> None:
+    """The VfConfig of examples/dra/vf-on-a-network.yaml (the SR-IOV DRA driver's fields):
+    after the annotation's networks, the VF joins `netAttachDefName` as `ifName` with its PCI
+    address as the delegate's deviceID; the claim's status.devices[] then holds its
+    networkData (interface, addresses in CIDR form, MAC), written by the real API server's
+    rules. A config nicop cannot honour fails the ADD naming the claim and field."""
+    client: Client = api.client()
+    nad(client, namespace, "plain", PLAIN)
+    nad(client, namespace, "vf-test1", {**SRIOV, "mac": "5e:81:2a:10:00:01"})
+    allocated_claim(client, namespace, "one-vf", "vf",
+                    vf_config(ifName="rdma0", netAttachDefName="vf-test1"))
+    p = node_pod(client, namespace, "vf-user", "plain",
+                 claims=[{"name": "vf", "resourceClaimName": "one-vf"}])
+    rc, out = node.cni("ADD", p, "d1")
+    assert rc == 0, out
+    assert node.calls() == [("fakebridge", "ADD", "eth0"), ("faketuning", "ADD", "eth0"),
+                            ("fakebridge", "ADD", "net1"), ("fakesriov", "ADD", "rdma0")]
+    assert (node.last[3]["config"]["deviceID"], node.last[3]["config"]["runtimeConfig"]) == (
+        VF_ADDRESS, {"deviceID": VF_ADDRESS})
+    [entry] = client.get(ResourceClaim, "one-vf", namespace=namespace)["status"]["devices"]
+    assert {k: v for k, v in entry.items() if v is not None} == {
+        "driver": "rdma.nicop.io", "pool": NODE_NAME, "device": VF_DEVICE,
+        "networkData": {"interfaceName": "rdma0", "ips": ["192.168.1.10/24"],
+                        "hardwareAddress": "5e:81:2a:10:00:01"}}
+    status = json.loads(client.get(Pod, "vf-user", namespace=namespace)
+                        .metadata.annotations["k8s.v1.cni.cncf.io/network-status"])
+    assert status[-1]["name"] == f"{namespace}/vf-test1"
+    assert status[-1]["device-info"]["pci"]["pci-address"] == VF_ADDRESS
+    assert node.cni("DEL", p, "d1") == (0, None)
+    assert node.calls()[0] == ("fakesriov", "DEL", "rdma0")
+
+    allocated_claim(client, namespace, "bad-vf", "vf",
+                    vf_config(netAttachDefName="vf-test1", driver="vfio-pci"))
+    bad = node_pod(client, namespace, "bad-user",
+                   claims=[{"name": "vf", "resourceClaimName": "bad-vf"}])
+    rc, out = node.cni("ADD", bad, "d2")
+    assert rc == 1 and out["msg"] == (
+        f"pod {namespace}/bad-user: claim {namespace}/bad-vf: config[0] (FromClaim): driver: "
+        "nicop keeps VFs on their RDMA driver (mlx5_core); remove `driver`"), out
+    assert [c for c in node.calls() if c[0] == "fakesriov"] == []
+
+
+def test_a_network_of_an_sriov_resource_dra_served_gets_the_vf_of_the_pods_extended_claim(
+        api: LocalCluster, namespace: str, node: MultusNode) -> None:
+    """Zero-change migration with networks: a pod asks `nvidia.com/sriov_a: 1` and names the
+    SriovNetwork's definition (annotated with that resourceName) as on a device plugin node;
+    on a node where nicop's DRA driver serves the resource the kubelet has no device plugin
+    device for it, and Multus takes the VF from the claim the scheduler made
+    (pod.status.extendedResourceClaimStatus, KEP-5004)."""
+    client: Client = api.client()
+    nad(client, namespace, "sriov-a", SRIOV, resource=SRIOV_RESOURCE)
+    p = node_pod(client, namespace, "migrated", "sriov-a", extended=SRIOV_RESOURCE)
+    request = "container-0-request-0"
+    allocated_claim(client, namespace, "migrated-extended-resources-x1", request,
+                    annotations={"resource.kubernetes.io/extended-resource-claim": "true"})
+    client.patch(Pod.Status, "migrated", {"status": {"extendedResourceClaimStatus": {
+        "resourceClaimName": "migrated-extended-resources-x1",
+        "requestMappings": [{"containerName": "c", "resourceName": SRIOV_RESOURCE,
+                             "requestName": request}]}}}, namespace=namespace)
+    rc, out = node.cni("ADD", p, "e1")
+    assert rc == 0, out
+    assert node.calls()[-1] == ("fakesriov", "ADD", "net1")
+    assert node.last[-1]["config"]["deviceID"] == VF_ADDRESS
+    status = json.loads(client.get(Pod, "migrated", namespace=namespace)
+                        .metadata.annotations["k8s.v1.cni.cncf.io/network-status"])
+    assert status[-1]["device-info"]["pci"]["pci-address"] == VF_ADDRESS
+    [entry] = client.get(ResourceClaim, "migrated-extended-resources-x1",
+                         namespace=namespace)["status"]["devices"]
+    assert entry["networkData"] == {"interfaceName": "net1", "ips": ["192.168.1.10/24"],
+                                    "hardwareAddress": "02:00:00:00:00:01"}

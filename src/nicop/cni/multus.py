@@ -12,6 +12,11 @@ kubelet allocated to the pod of that resource as `deviceID` (and `pciBusID`), an
 `runtimeConfig.deviceID` where the plugin declares that capability. The pod then carries
 `k8s.v1.cni.cncf.io/network-status` and an `AddedInterface` Event per interface.
 
+Devices can also come from nicop's DRA driver: the VF of the scheduler's claim for an extended
+resource (a node where DRA serves `nvidia.com/<name>`), and the VFs of the pod's claims whose
+VfConfig names a network (nicop.api.dra_config), attached after the annotation's networks,
+with what each became written into its claim's status.devices[].networkData.
+
 What DEL needs (each delegate's config, interface and result) is kept per container in
 /var/lib/cni/multus/<containerID>, so the pod can be gone by then. A failed ADD deletes what it
 had added, last first, and names the network and the delegate's error.
@@ -394,6 +399,7 @@ class MultusPlugin:
             raise CniError(Code.INVALID_CONFIG, f"pod {namespace}/{name}: annotation "
                            f"{NETWORKS_ANNOTATION}: {e}") from None
         allocated: dict[str, list[str]] | None = None
+        claimed: dict[str, Obj] = {}  # a VF DRA served -> its claim's entry
         used: dict[str, int] = {}
         ifnames = {req.ifname: plan[0].network}
         for position, sel in enumerate(selections, start=1):
@@ -402,8 +408,12 @@ class MultusPlugin:
             device_id = ""
             if resource:
                 if allocated is None:
-                    allocated = self._devices(namespace, name)
-                ids = allocated.get(resource) or []
+                    allocated = dict(self._devices(namespace, name))
+                if resource not in allocated:
+                    extended = self._extended_vfs(pod, resource)
+                    allocated[resource] = list(extended)
+                    claimed.update(extended)
+                ids = allocated[resource]
                 taken = used.get(resource, 0)
                 if taken >= len(ids):
                     have = f"only {len(ids)}" if ids else "none"
@@ -425,8 +435,39 @@ class MultusPlugin:
                                             ("deviceID", device_id)) if v}
             plan.append(Attachment(network=sel.key, ifname=ifname,
                                    config=delegate_config(nad, sel, device_id),
-                                   capability_args=capability, device_id=device_id))
+                                   capability_args=capability, device_id=device_id,
+                                   claim=claimed.get(device_id)))
         return plan + self._claimed_networks(pod, ifnames, len(selections))
+
+    def _extended_vfs(self, pod: Obj, resource: str) -> dict[str, Obj]:
+        """The VFs nicop's DRA driver serves the pod's extended resource `resource` with, on a
+        node where no device plugin does (KEP-5004: the scheduler's claim, named in
+        pod.status.extendedResourceClaimStatus with the request of each resource): by PCI
+        address, in the claim's order, the claim entry each VF's networkData goes to."""
+        status = (pod.get("status") or {}).get("extendedResourceClaimStatus") or {}
+        requests = {m.get("requestName") for m in status.get("requestMappings") or []
+                    if m.get("resourceName") == resource}
+        if not requests or not status.get("resourceClaimName"):
+            return {}
+        namespace, name = pod["metadata"]["namespace"], status["resourceClaimName"]
+        claim = self._claim(namespace, name)
+        return {address: _claim_entry(namespace, name, result)
+                for result, address in self._vf_results(claim, pod)
+                if result.get("request") in requests}
+
+    def _vf_results(self, claim: Obj, pod: Obj) -> list[tuple[Obj, str]]:
+        """The claim's results that are VFs of nicop's driver on the pod's node, with their
+        PCI addresses."""
+        node = (pod.get("spec") or {}).get("nodeName")
+        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices")
+                   or {}).get("results") or []
+        found = []
+        for result in results:
+            kind_address = device_address(str(result.get("device")))
+            if result.get("driver") == DRIVER and result.get("pool") == node \
+                    and kind_address is not None and kind_address[0] == KIND_VF:
+                found.append((result, kind_address[1]))
+        return found
 
     def _claimed_networks(self, pod: Obj, ifnames: dict[str, str],
                           position: int) -> list[Attachment]:
@@ -447,16 +488,10 @@ class MultusPlugin:
             except ConfigError as e:
                 raise CniError(Code.INVALID_CONFIG, f"pod {namespace}/{name}: {e}",
                                "fix the config of the claim or of its template") from None
-            results = (((claim.get("status") or {}).get("allocation") or {}).get("devices")
-                       or {}).get("results") or []
-            for result in results:
+            for result, address in self._vf_results(claim, pod):
                 config = configs.get(result.get("request", ""))
-                kind_address = device_address(str(result.get("device")))
-                if result.get("driver") != DRIVER or result.get("pool") != spec.get("nodeName") \
-                        or config is None or not config.network or kind_address is None \
-                        or kind_address[0] != KIND_VF:
+                if config is None or not config.network:
                     continue
-                address = kind_address[1]
                 sel = Selection(name=config.network,
                                 namespace=config.network_namespace or namespace)
                 position += 1
@@ -471,8 +506,7 @@ class MultusPlugin:
                     network=sel.key, ifname=ifname,
                     config=delegate_config(self._nad(sel), sel, address),
                     capability_args={"deviceID": address}, device_id=address,
-                    claim={"namespace": namespace, "name": claim_name,
-                           "pool": result["pool"], "device": result["device"]}))
+                    claim=_claim_entry(namespace, claim_name, result)))
         return plan
 
     def _claim(self, namespace: str, name: str) -> Obj:
@@ -647,6 +681,12 @@ class MultusPlugin:
 
     def _save(self, req: Request, record: Obj) -> None:
         write_json(self.host, self._cache_path(req), record)
+
+
+def _claim_entry(namespace: str, name: str, result: Obj) -> Obj:
+    """Where a claimed VF's networkData goes: its claim and its status.devices[] key."""
+    return {"namespace": namespace, "name": name, "pool": result["pool"],
+            "device": result["device"]}
 
 
 def delegate_args(req: Request) -> str:

@@ -7,8 +7,9 @@ its `/dev/infiniband` nodes and rdma_cm, the environment the SR-IOV device plugi
 (`PCIDEVICE_<DRIVER>_<REQUEST>` = the request's PCI addresses; for a pod's extended resource,
 `PCIDEVICE_<RESOURCE>` as for the device plugin's) and, for a VF, its netdev (moved
 into the pod's network namespace by CDI-aware runtimes) unless the claim's VfConfig names a
-network (nicop.api.dra_config): nicop's Multus attaches that VF, with the network's IPAM. The
-kubelet passes the returned CDI IDs to the runtime.
+network (nicop.api.dra_config) or the claim is the scheduler's for an extended resource: nicop's
+Multus attaches those VFs, with the network's IPAM. The kubelet passes the returned CDI IDs to
+the runtime.
 
 Once prepared, each device's status goes into the claim's `status.devices` (KEP-4817): a Ready
 condition, and for a VF the runtime moves the `networkData` of the interface the pod gets (its
@@ -167,6 +168,10 @@ class DraPlugin:
                                    f"{claim.name} is not on node {self.node_name} any more")
             pci.setdefault(result["request"], []).append(fn.address)
         names = await self._env_names(obj)
+        # A VF of an extended resource is given as the device plugin gives it: the netdev stays
+        # on the node, for the network the pod's annotation names (Multus finds the claim).
+        extended = (obj["metadata"].get("annotations") or {}).get(
+            dra.EXTENDED_CLAIM_ANNOTATION) == "true"
         try:
             configs = vf_configs(obj)
         except ConfigError as e:
@@ -182,7 +187,7 @@ class DraPlugin:
                 "deviceNodes": [{"path": p, "hostPath": p, "permissions": "rw"}
                                 for p in _char_devices(fn, inventory)],
             }
-            if fn.pf is not None and configs.get(request, VfConfig()).network:
+            if fn.pf is not None and (extended or configs.get(request, VfConfig()).network):
                 attached_by_cni.add(result["device"])  # left where the CNI finds it
             elif fn.pf is not None and fn.netdev is not None:
                 edits["netDevices"] = [{"hostInterfaceName": fn.netdev.name,
