@@ -170,3 +170,12 @@ def test_results_are_written_for_the_version_asked(version: str, expected: dict[
     assert json.dumps(rendered) == json.dumps(expected), "same keys in the same order"
     if version != "0.4.0":
         validate_result(rendered, version)
+
+
+def test_the_shim_looks_for_the_daemon_where_the_daemon_listens_by_default() -> None:
+    """The shim keeps its own copy of the socket path (it imports nothing of nicop, to start
+    fast for every pod); it must be the daemon's and the operator's."""
+    from nicop.api.agents import CNI_SOCKET
+    from nicop.cni.daemon import DEFAULT_SOCKET
+
+    assert shim.DEFAULT_SOCKET == DEFAULT_SOCKET == CNI_SOCKET

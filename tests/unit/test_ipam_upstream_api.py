@@ -21,8 +21,9 @@ from nicop.api.nvipam_rules import (
     cidrpool_allocation_problem,
     cidrpool_problems,
     ippool_problems,
+    merge_ranges,
 )
-from nicop.operator.ipam import carve_cidrpool, carve_ippool, merge
+from nicop.operator.ipam import carve_cidrpool, carve_ippool
 
 SELECTOR = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "foo.bar",
                                                            "operator": "Exists"}]}]}
@@ -500,4 +501,4 @@ def test_exclusions_are_merged_before_blocks_are_judged(
     "MergeExcludeRanges", the Entry named `case`: the exclusions the controller joins before
     asking whether a block is excluded whole (its entries with unparsable addresses cannot
     reach it: the API server and the pool's validation refuse those)."""
-    assert merge(ip_ranges(*given)) == ip_ranges(*merged), case
+    assert merge_ranges(ip_ranges(*given)) == ip_ranges(*merged), case

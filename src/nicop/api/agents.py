@@ -22,8 +22,12 @@ NICOP_POD_JQ = ('[(.spec.initContainers // [])[], (.spec.containers // [])[]] '
 
 # The CNI plugins (and IPAM) nicop's CNI daemon implements, by their CNI `type`.
 CNI_PLUGINS = ("sriov", "ib-sriov", "host-device", "nv-ipam")
-# Where nicop's multus daemon serves the `multus` plugin, on the node.
-MULTUS_SOCKET = "/run/nicop/multus.sock"
+# The node's directory of nicop's sockets: where the CNI daemon serves the plugins above (the
+# shim each plugin executable is keeps its own copy: it imports nothing of nicop) and where
+# nicop's multus daemon serves the `multus` plugin.
+SOCKET_DIR = "/run/nicop"
+CNI_SOCKET = f"{SOCKET_DIR}/cni.sock"
+MULTUS_SOCKET = f"{SOCKET_DIR}/multus.sock"
 
 # The file an agent keeps while it is ready (inside its container), and the probe that reads it.
 READY_FILE_ENV = "NICOP_READY_FILE"

@@ -7,6 +7,7 @@ by its field path so that the pool's condition and Event say what to fix).
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Iterable
 from typing import Any
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -42,6 +43,17 @@ def host_bounds(net: Network) -> tuple[int, int]:
     if point_to_point(net):
         return first, last
     return first + 1, last - (1 if net.version == 4 else 0)
+
+
+def merge_ranges(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Overlapping or adjacent inclusive ranges joined, sorted."""
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
 
 
 def gateway_for(prefix: Network, index: int | None) -> str:

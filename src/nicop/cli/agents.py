@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from nicop.api.agents import CNI_SOCKET, MULTUS_SOCKET
 from nicop.cli.common import (
     HostRoot,
     Kubeconfig,
@@ -342,7 +343,7 @@ NodePython = Annotated[
 @app.command("cni-daemon")
 def cni_daemon(
     host_root: HostRoot = Path("/"),
-    socket: CniSocket = "/run/nicop/cni.sock",
+    socket: CniSocket = CNI_SOCKET,
     node_name: Annotated[
         str, typer.Option(envvar="NODE_NAME", help="This node (its blocks of the pools).")
     ] = "",
@@ -413,7 +414,7 @@ def cni_daemon(
 def cni_install(
     cni_bin_dir: CniBinDir = "/opt/cni/bin",
     host_root: HostRoot = Path("/"),
-    socket: CniSocket = "/run/nicop/cni.sock",
+    socket: CniSocket = CNI_SOCKET,
     python: NodePython = "/usr/bin/python3",
     plugin: Annotated[
         list[str] | None, typer.Option(help="Plugins to install (default: all).")
@@ -435,7 +436,7 @@ def cni_install(
 @app.command("multus-daemon")
 def multus_daemon(
     host_root: HostRoot = Path("/"),
-    socket: CniSocket = "/run/nicop/multus.sock",
+    socket: CniSocket = MULTUS_SOCKET,
     cni_conf_dir: Annotated[
         str, typer.Option(help="CNI conf dir on the node (under --host-root): where "
                           "00-multus.conf goes and the default network's config is found.")
@@ -492,7 +493,7 @@ def multus_daemon(
 def multus_install(
     cni_bin_dir: CniBinDir = "/opt/cni/bin",
     host_root: HostRoot = Path("/"),
-    socket: CniSocket = "/run/nicop/multus.sock",
+    socket: CniSocket = MULTUS_SOCKET,
     python: NodePython = "/usr/bin/python3",
 ) -> None:
     """Install the `multus` CNI plugin executable that forwards to `nicop multus-daemon`

@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from nicop.api.agents import CNI_SOCKET
 from nicop.api.labels import IPAM_USAGE_ANNOTATION
 from nicop.cni.cleaner import Cleaner
 from nicop.cni.hostdevice import HostDevicePlugin
@@ -38,7 +39,7 @@ from nicop.node.readiness import Readiness
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SOCKET = "/run/nicop/cni.sock"
+DEFAULT_SOCKET = CNI_SOCKET
 
 
 @dataclass

@@ -21,6 +21,8 @@ from typing import Any, Protocol
 from nicop.api.nvipam_rules import (
     cidrpool_allocation_problem,
     cidrpool_problems,
+    host_bounds,
+    merge_ranges,
     parse_cidr,
     parse_ip,
 )
@@ -71,7 +73,7 @@ class PoolConfig:
         """How many addresses the node can hand out (the block minus gateway and exclusions)."""
         start, end = int(self.start), int(self.end)
         taken = 0
-        for lo, hi in _merge(self.exclusions):
+        for lo, hi in merge_ranges(self.exclusions):
             lo, hi = max(lo, start), min(hi, end)
             if lo <= hi:
                 taken += hi - lo + 1
@@ -136,22 +138,11 @@ def sort_routes(nets: list[Network]) -> list[Network]:
     return out
 
 
-def _merge(ranges: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
-    merged: list[tuple[int, int]] = []
-    for lo, hi in sorted(ranges):
-        if merged and lo <= merged[-1][1] + 1:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
-        else:
-            merged.append((lo, hi))
-    return merged
-
-
 def host_range(net: Network) -> tuple[Address, Address]:
     """First and last usable address of a network (all of a /31, /32, /127, /128)."""
-    if net.num_addresses <= 2:
-        return net[0], net[-1]
-    last = net[-2] if net.version == 4 else net[-1]
-    return net[1], last
+    first, last = host_bounds(net)
+    kind = type(net.network_address)  # an int alone does not say IPv4 or IPv6
+    return kind(first), kind(last)
 
 
 def _ranges(spec: Obj) -> list[tuple[int, int]]:

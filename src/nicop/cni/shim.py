@@ -20,7 +20,7 @@ import os
 import sys
 
 SUPPORTED = ("0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
-DEFAULT_SOCKET = "/run/nicop/cni.sock"
+DEFAULT_SOCKET = "/run/nicop/cni.sock"  # nicop.api.agents.CNI_SOCKET, not imported: see above
 DEFAULT_DAEMON = "nicop cni-daemon"
 CONF_NAME = "nicop-cni.conf"
 TRY_AGAIN_LATER = 11

@@ -92,6 +92,15 @@ class Manager:
         self.controllers: list[Controller] = []
         self.serving = False  # standing by for the lease, or leading with caches synced
         self.server: asyncio.Server | None = None
+        # Moved whenever a node's labels or taints change: one for every controller of the
+        # process, as a label one controller writes into the shared node cache can move what
+        # another's objects select (see placement_changed).
+        self.placement_epoch = 0
+
+    def placement_changed(self) -> None:
+        """Something that decides where DaemonSets run changed: results kept per epoch are
+        stale."""
+        self.placement_epoch += 1
 
     def informer(
         self,

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Iterable
 
 from nicop import logs
-from nicop.api.agents import CNI_PLUGINS, METRICS_PORTS, own_image
+from nicop.api.agents import CNI_PLUGINS, CNI_SOCKET, METRICS_PORTS, SOCKET_DIR, own_image
 from nicop.api.labels import DEVICE_PLUGIN_LABEL, MOFED_WAIT_LABEL
 from nicop.kube.client import ApiClient
 from nicop.kube.manager import Controller, Manager, Result
@@ -35,7 +35,7 @@ from nicop.operator.states.base import (
 log = logging.getLogger(__name__)
 
 NAME = "nicop-cni-daemon"
-SOCKET = "/run/nicop/cni.sock"
+SOCKET = CNI_SOCKET
 ROLLOUT_RECHECK = 10.0
 
 
@@ -66,7 +66,7 @@ def used_plugins(nads: Iterable[Obj]) -> list[str]:
 
 def render(ctx: Context, plugins: list[str]) -> list[Obj]:
     volumes, mounts = [], []
-    for name, path, type_ in (("socket-dir", "/run/nicop", "DirectoryOrCreate"),
+    for name, path, type_ in (("socket-dir", SOCKET_DIR, "DirectoryOrCreate"),
                               ("cni-state", "/var/lib/cni", "DirectoryOrCreate"),
                               ("netns", "/var/run/netns", "DirectoryOrCreate")):
         volume, mount = host_path(name, path, type_=type_)

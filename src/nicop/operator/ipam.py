@@ -26,6 +26,7 @@ from nicop.api.nvipam_rules import (
     expected_gateway,
     gateway_for,
     host_bounds,
+    merge_ranges,
     validate_cidrpool,
     validate_ippool,
 )
@@ -45,17 +46,6 @@ ALLOCATED = "Allocated"
 """The pool status condition: True when every selected node has a block."""
 
 
-def merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Overlapping or adjacent inclusive ranges joined, sorted."""
-    merged: list[tuple[int, int]] = []
-    for lo, hi in sorted(ranges):
-        if merged and lo <= merged[-1][1] + 1:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
-        else:
-            merged.append((lo, hi))
-    return merged
-
-
 class Exclusions:
     """A pool's `exclusions` and `perNodeExclusions`: whether a block is excluded entirely (so no
     node gets it, as nv-ipam), and where the next block that may not be starts."""
@@ -63,9 +53,9 @@ class Exclusions:
     def __init__(self, spec: Obj) -> None:
         ranges = [(int(ipaddress.ip_address(e["startIP"])), int(ipaddress.ip_address(e["endIP"])))
                   for e in spec.get("exclusions") or []]
-        self.pool = merge(ranges)
+        self.pool = merge_ranges(ranges)
         self.starts = [lo for lo, _ in self.pool]
-        self.per_node = merge([(int(e.get("startIndex", 0)), int(e.get("endIndex", 0)))
+        self.per_node = merge_ranges([(int(e.get("startIndex", 0)), int(e.get("endIndex", 0)))
                                for e in spec.get("perNodeExclusions") or []])
 
     def per_node_cover(self, first: int, last: int) -> bool:
@@ -87,7 +77,7 @@ class Exclusions:
         ranges = [r for r in self.pool[i:bisect.bisect_right(self.starts, end)]
                   if r[1] >= start]
         ranges += [(base + lo, base + hi) for lo, hi in self.per_node]
-        merged = merge([(max(lo, start), min(hi, end)) for lo, hi in ranges
+        merged = merge_ranges([(max(lo, start), min(hi, end)) for lo, hi in ranges
                         if lo <= end and hi >= start])
         return len(merged) == 1 and merged[0] == (start, end)
 

@@ -123,6 +123,7 @@ class StateSync:
     """The objects every policy renders (cached by state label), written and judged."""
 
     def __init__(self, manager: Manager, namespace: str, recorder: EventRecorder) -> None:
+        self.manager = manager
         self.client = manager.client
         self.recorder = recorder
         self.nodes = manager.informer(NODE)
@@ -132,16 +133,12 @@ class StateSync:
             for res in OWNED
         }
         # The nodes a DaemonSet template fits, counted again only when a node's labels or
-        # taints changed (the placement epoch moved): DaemonSet key -> (epoch, generation, count).
+        # taints changed (the manager's placement epoch moved): DaemonSet key -> (epoch,
+        # generation, count).
         self._fitting: dict[str, tuple[int, int, int]] = {}
 
-    # Bumped whenever a node's labels or taints change; one for every StateSync of the process,
-    # as a label one controller writes into the shared node cache (mofed.wait) moves what
-    # another's DaemonSets select.
-    _placement_epoch = 0
-
     def placement_changed(self) -> None:
-        StateSync._placement_epoch += 1
+        self.manager.placement_changed()
 
     def objects_of(self, state_name: str, owner: str) -> list[tuple[Resource, Obj]]:
         return [
@@ -367,11 +364,11 @@ class StateSync:
         generation or a node's labels or taints changed."""
         key, generation = key_of(ds), ds["metadata"].get("generation", 0)
         known = self._fitting.get(key)
-        if known is not None and known[:2] == (self._placement_epoch, generation):
+        if known is not None and known[:2] == (self.manager.placement_epoch, generation):
             return known[2]
         fits = daemon_pod_filter(ds["spec"]["template"].get("spec") or {})
         count = sum(map(fits, self.nodes.store.items()))
-        self._fitting[key] = (self._placement_epoch, generation, count)
+        self._fitting[key] = (self.manager.placement_epoch, generation, count)
         return count
 
     def _why_no_node(self, ds: Obj, ctx: Context, unmanaged: list[str]) -> str:

@@ -12,7 +12,7 @@ node only, the networkData of nicop's driver into their status.
 
 from __future__ import annotations
 
-from nicop.api.agents import METRICS_PORTS, MULTUS_SOCKET, uses_nicop
+from nicop.api.agents import METRICS_PORTS, MULTUS_SOCKET, SOCKET_DIR, uses_nicop
 from nicop.api.dra import DRIVER
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
@@ -115,7 +115,7 @@ def render_nicop(ctx: Context, spec: Obj) -> list[Obj]:
     ])]
     volumes, mounts = [], []
     for name, host_dir in (("cni-conf", ctx.cni_network_dir), ("cni-bin", ctx.cni_bin_dir),
-                           ("socket-dir", "/run/nicop"), ("netns", "/var/run/netns"),
+                           ("socket-dir", SOCKET_DIR), ("netns", "/var/run/netns"),
                            ("cni-state", "/var/lib/cni"),
                            ("pod-resources", "/var/lib/kubelet/pod-resources")):
         volume, mount = host_path(name, host_dir, type_="DirectoryOrCreate")
