@@ -17,7 +17,7 @@ from lightkube.generic_resource import create_global_resource
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace
 
-from nicop.api.install import install_crds
+from nicop.operator.crds import install_crds
 from nicop_sim.cluster import LocalCluster, free_port
 
 NCP = create_global_resource("mellanox.com", "v1alpha1", "NicClusterPolicy",
@@ -41,7 +41,7 @@ def cluster_with_operator(tmp: Path, nodes: int, profiles: list[str],
     print(f"cluster with {nodes} nodes up in {time.monotonic() - t:.1f}s")
     try:
         client = cluster.client()
-        install_crds(client)
+        install_crds(cluster.kubeconfig)
         client.create(Namespace(metadata=ObjectMeta(name="nvidia-network-operator")))
         op = Operator(cluster, tmp / "operator.log", trace_memory=trace_memory)
         try:

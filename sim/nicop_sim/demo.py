@@ -114,10 +114,10 @@ class Demo:
         from lightkube.models.meta_v1 import ObjectMeta
         from lightkube.resources.core_v1 import Namespace
 
-        from nicop.api.install import install_crds
+        from nicop.operator.crds import install_crds
 
         self.step("2. CRDs and the operator")
-        install_crds(self.client, progress=lambda line: None)
+        install_crds(self.cluster.kubeconfig)
         self.console.print("  CRDs installed and Established")
         try:
             self.client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))

@@ -24,12 +24,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from nicop.kube.client import ApiClient, ApiError, load_config
+from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.resources import NODE, Obj
 from nicop.node.host import Host
 from nicop.platform import PLATFORM_ENV
@@ -129,10 +130,10 @@ async def run(options: NodeOptions, stop: asyncio.Event) -> None:
             task.add_done_callback(restarts.discard)
 
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, restart_kubelet)
-        config = load_config(options.kubeconfig)
+        server, ca_data = _cluster_of(options.kubeconfig)
         runner = PodRunner(
             client, options.node_name, options.root, options.pods_dir,
-            server=config.cluster.server, ca_data=_ca_data(config),
+            server=server, ca_data=ca_data,
             crash_backoff=options.crash_backoff, extra_env=sim_env(options),
             host_ip=node_address(options.node_name),
         )
@@ -150,11 +151,17 @@ async def run(options: NodeOptions, stop: asyncio.Event) -> None:
         await client.close()
 
 
-def _ca_data(config: object) -> str:
-    """The cluster's CA as kubeconfig data (the stand-in's kubeconfig holds it either way)."""
+def _cluster_of(kubeconfig: Path | str | None) -> tuple[str, str]:
+    """The server and CA (as kubeconfig data) of the stand-in's kubeconfig, for the pods it
+    runs."""
     import base64
 
-    cluster = config.cluster  # type: ignore[attr-defined]
-    if cluster.certificate_auth_data:
-        return str(cluster.certificate_auth_data)
-    return base64.b64encode(Path(cluster.certificate_auth).read_bytes()).decode()
+    import yaml
+
+    document = yaml.safe_load(Path(kubeconfig or os.environ["KUBECONFIG"]).read_text())
+    context = next(c["context"] for c in document["contexts"]
+                   if c["name"] == document["current-context"])
+    cluster = next(c["cluster"] for c in document["clusters"] if c["name"] == context["cluster"])
+    ca = cluster.get("certificate-authority-data") or base64.b64encode(
+        Path(cluster["certificate-authority"]).read_bytes()).decode()
+    return str(cluster["server"]), str(ca)

@@ -173,7 +173,7 @@ def read_cluster(kubeconfig: str | Path | None,
                  context: str | None = None) -> Snapshot:
     """Run an async `collect(client)` with a client of the cluster (for the CLI); `context`
     picks a kubeconfig context other than the current one."""
-    from lightkube.core.exceptions import ConfigError
+    from nicop.kube.kubeconfig import KubeconfigError
 
     async def main() -> Snapshot:
         client = ApiClient(kubeconfig, context=context)
@@ -184,7 +184,7 @@ def read_cluster(kubeconfig: str | Path | None,
 
     try:
         return asyncio.run(main())
-    except (ConfigError, ApiError, OSError) as e:
+    except (KubeconfigError, ApiError, OSError) as e:
         raise ClusterReadError(str(e)) from None
 
 

@@ -60,11 +60,11 @@ def namespace(client: Client) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def crds(client: Client) -> list[str]:
+def crds(kubeconfig: Path) -> list[str]:
     """Every CRD nicop serves, installed the way `nicop crds install` does it."""
-    from nicop.api.install import install_crds
+    from nicop.operator.crds import install_crds
 
-    return install_crds(client)
+    return install_crds(kubeconfig)
 
 
 @pytest.fixture(scope="module")

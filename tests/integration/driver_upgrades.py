@@ -22,8 +22,8 @@ from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
 
-from nicop.api.install import install_crds
 from nicop.api.upgrade import HOLDS_SLOT
+from nicop.operator.crds import install_crds
 from nicop_sim.cluster import LocalCluster, running_cluster
 
 STATE = "nvidia.com/ofed-driver-upgrade-state"
@@ -40,7 +40,7 @@ def driver_cluster(path: Path, controlplane_bin: Path, nodes: int,
     with running_cluster(path, controlplane_bin, nodes=nodes, profiles=profiles,
                          node_agents=False) as cluster:  # upstream's images: kwok plays all
         client: Client = cluster.client()
-        install_crds(client)
+        install_crds(cluster.kubeconfig)
         client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
         client.create(Namespace(metadata=ObjectMeta(name=WORK)))
         wait_for(lambda: _exists(client, ServiceAccount, "default", WORK), 30,

@@ -29,7 +29,7 @@ from lightkube.resources.core_v1 import Namespace, Node, Pod
 from tests.integration.agent_loop import allocatable, pods, ready
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
 
-from nicop.api.install import install_crds
+from nicop.operator.crds import install_crds
 from nicop_sim.cluster import LocalCluster, running_cluster
 
 NODES = ["node-1", "node-2", "node-3"]
@@ -68,7 +68,7 @@ def own(tmp_path_factory: pytest.TempPathFactory, controlplane_bin: Path) -> Ite
 @pytest.fixture(scope="module")
 def oclient(own: LocalCluster) -> Client:
     client: Client = own.client()
-    install_crds(client)
+    install_crds(own.kubeconfig)
     client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
     return client
 

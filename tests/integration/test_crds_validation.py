@@ -14,20 +14,29 @@ from typing import Any
 import pytest
 import yaml
 from lightkube import ApiError, Client
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from tests.unit.test_ipam_upstream_api import CIDRPOOL_CASES, CIDRPOOL_TABLES, IPPOOL_CASES
 from typer.testing import CliRunner
 
-from nicop.api.install import install_crds
+from nicop.api.common import KubeObject
 from nicop.api.kinds import KINDS, kind_for, parse
 from nicop.api.validate import json_fields, removed_field_warnings
 from nicop.cli import app
+from nicop.operator.crds import install_crds
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 UPSTREAM_CR = ROOT / "tests" / "data" / "upstream-nicclusterpolicy-with-removed-fields.yaml"
 
 Create = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def lightkube_resource(model: type[KubeObject]) -> Any:
+    """The lightkube resource class of a kind, for the client's create and replace."""
+    info = model.crd
+    make = create_namespaced_resource if info.namespaced else create_global_resource
+    return make(info.group, info.version, info.kind, info.plural)
 
 
 @pytest.fixture
@@ -41,7 +50,7 @@ def create(client: Client, crds: list[str], namespace: str) -> Iterator[Create]:
         obj = copy.deepcopy(obj)
         if model.crd.namespaced:
             obj["metadata"]["namespace"] = namespace
-        resource = model.resource()
+        resource = lightkube_resource(model)
         result = client.create(resource(obj))
         if not model.crd.namespaced:
             created.append((resource, obj["metadata"]["name"]))
@@ -85,9 +94,10 @@ def test_every_crd_is_established(client: Client, crds: list[str]) -> None:
         assert {c.type: c.status for c in status.conditions}["Established"] == "True"
 
 
-def test_installing_again_changes_nothing(client: Client, crds: list[str]) -> None:
+def test_installing_again_changes_nothing(client: Client, kubeconfig: Path,
+                                         crds: list[str]) -> None:
     before = {n: client.get(CustomResourceDefinition, n).metadata.generation for n in crds}
-    install_crds(client)
+    install_crds(kubeconfig)
     after = {n: client.get(CustomResourceDefinition, n).metadata.generation for n in crds}
     assert after == before
 
@@ -182,7 +192,7 @@ def test_json_the_schema_cannot_parse_is_reported_with_its_field(create: Create)
 def test_storage_class_of_firmware_storage_cannot_change(client: Client, create: Create) -> None:
     stored = create(example("nicclusterpolicy-roce-sriov.yaml"))
     stored["spec"]["nicConfigurationOperator"]["nicFirmwareStorage"]["storageClassName"] = "fast"
-    resource = kind_for(stored["apiVersion"], stored["kind"]).resource()
+    resource = lightkube_resource(kind_for(stored["apiVersion"], stored["kind"]))
     with pytest.raises(ApiError) as e:
         client.replace(resource(stored))
     assert e.value.status.code == 422

@@ -31,10 +31,10 @@ from lightkube.resources.core_v1 import Event, Namespace, Pod, ServiceAccount
 from tests.fake_cni import calls, install_fake
 from tests.integration.operator_process import wait_for
 
-from nicop.api.install import install_crds
 from nicop.cni.install import install_multus
 from nicop.cni.multus import CACHE_DIR
 from nicop.cni.multus_daemon import CONF_FILE, MultusDaemon, MultusOptions
+from nicop.operator.crds import install_crds
 from nicop_sim.cluster import LocalCluster, running_cluster
 
 NAD = create_namespaced_resource("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition",
@@ -49,7 +49,7 @@ def api(tmp_path_factory: pytest.TempPathFactory, controlplane_bin: Path
         ) -> Iterator[LocalCluster]:
     with running_cluster(tmp_path_factory.mktemp("multus-cluster"), controlplane_bin, nodes=0,
                          node_agents=False) as cluster:  # the test is the node
-        install_crds(cluster.client())
+        install_crds(cluster.kubeconfig)
         yield cluster
 
 

@@ -40,9 +40,9 @@ from tests.integration.test_sriov_e2e import (
 )
 from tests.integration.watching import Watch
 
-from nicop.api.install import install_crds
 from nicop.api.labels import CURRENT_STATE, DESIRED_STATE
 from nicop.kube.resources import NODE, Obj
+from nicop.operator.crds import install_crds
 from nicop_sim.cluster import LocalCluster, running_cluster
 
 NODES = [f"node-{i}" for i in range(1, 6)]
@@ -58,7 +58,7 @@ def five(tmp_path_factory: pytest.TempPathFactory, controlplane_bin: Path
                          nodes=len(NODES), profiles=["cx6dx"],
                          node_agents=False) as cluster:  # the test runs the daemons itself
         client: Client = cluster.client()
-        install_crds(client)
+        install_crds(cluster.kubeconfig)
         for ns in (OPERATOR_NS, WORK):
             client.create(Namespace(metadata=ObjectMeta(name=ns)))
         wait_for(lambda: _has_default_sa(client), 30, "the default service account")

@@ -25,11 +25,10 @@ from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Namespace, Node, Pod
 from lightkube.types import PatchType
+from nicop.api.install import install_crds
 from tests.integration.agent_loop import ready
 from tests.integration.driver_upgrades import StateWatch
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
-
-from nicop.api.install import install_crds
 
 INSTALL = Path(__file__).parent.parent / "data" / "upstream-install"
 NicClusterPolicy = create_global_resource(
@@ -211,7 +210,7 @@ def test_nicop_takes_over_a_real_upstream_install_in_place(
     assert len(pods_before) >= 10 and len(pools_before) == 2
     # The procedure: nicop's CRDs over upstream's (its chart or `nicop crds install`), then
     # its operator with the chart's driver init container (upstream's default).
-    install_crds(client)
+    install_crds(kubeconfig)
     init_image = next(c["image"] for o in objects if key(o)[1].startswith("mofed-")
                       for c in o["spec"]["template"]["spec"]["initContainers"])
     states = StateWatch(client).started()

@@ -28,7 +28,7 @@ from tests.integration.agent_loop import agents, sample, scrape, stand_ins
 from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
 
 from nicop.api import dra
-from nicop.api.install import install_crds
+from nicop.operator.crds import install_crds
 from nicop_sim.cluster import LocalCluster, running_cluster
 from nicop_sim.hardware import SimulatedHost
 from nicop_sim.kubelet import DEVICES_ANNOTATION
@@ -85,7 +85,7 @@ def allocatable(client: Client, resource: str = RESOURCE, node: str = NODE) -> s
 def deployed(real_cluster: LocalCluster, real_client: Client,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """nicop's CRDs and operator on the cluster, the policy applied and ready."""
-    install_crds(real_client)
+    install_crds(real_cluster.kubeconfig)
     try:
         real_client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
     except ApiError as e:

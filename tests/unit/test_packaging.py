@@ -7,10 +7,14 @@ repository."""
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import venv
 import zipfile
 from collections.abc import Iterator
@@ -110,3 +114,40 @@ def test_with_the_sim_wheel_the_demo_reads_its_examples_from_the_installed_packa
     shown = run(python, "-m", "nicop", "--help", cwd=home, env={
         **os.environ, "COLUMNS": "200"}).stdout
     assert " demo " in shown and " cluster " in shown, shown
+
+
+DEV_TOOLS = {"protogen.py"}  # `make proto`: the dev extra's grpcio-tools, never an agent's
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_every_module_nicop_imports_is_the_standard_library_or_a_declared_dependency() -> None:
+    """An import that only works because some other dependency pulled it in breaks the day that
+    one stops: each third-party module of src/nicop belongs to a distribution pyproject.toml
+    names (the lookup is the installed distributions' own record of their modules)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+    def names(requirements: list[str]) -> set[str]:
+        return {_canonical(re.match(r"[A-Za-z0-9._-]+", r).group())  # type: ignore[union-attr]
+                for r in requirements}
+
+    runtime, dev = names(project["dependencies"]), names(project["optional-dependencies"]["dev"])
+    owners = importlib.metadata.packages_distributions()
+    undeclared = set()
+    for path in (ROOT / "src/nicop").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            else:
+                continue
+            for top in {name.split(".")[0] for name in names}:
+                if top in sys.stdlib_module_names or top == "nicop":
+                    continue
+                declared = runtime | dev if path.name in DEV_TOOLS else runtime
+                if not {_canonical(d) for d in owners.get(top, [])} & declared:
+                    undeclared.add(f"{path.relative_to(ROOT)}: {top}")
+    assert not undeclared, sorted(undeclared)

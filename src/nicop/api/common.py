@@ -9,10 +9,8 @@ of the generated CRDs, which `kubectl explain` shows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 from typing import Annotated, Any, ClassVar, Literal
 
-from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -220,16 +218,6 @@ class KubeObject(ApiModel):
         """The object as the API server takes it (JSON names, unset optional fields left out)."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
-    @classmethod
-    def resource(cls) -> Any:
-        """The lightkube resource class of this kind, for a client's get/list/create/apply."""
-        return _resource(cls.crd)
-
-
-@cache
-def _resource(info: CrdInfo) -> Any:
-    make = create_namespaced_resource if info.namespaced else create_global_resource
-    return make(info.group, info.version, info.kind, info.plural)
 
 
 # --- core/v1 and meta/v1 types that upstream embeds -------------------------------------------

@@ -470,9 +470,8 @@ def multus_daemon(
     with the pod's allocated devices as deviceID; writes the pod's network-status."""
     import asyncio
 
-    from lightkube.core.exceptions import ConfigError
-
     from nicop.cni.multus_daemon import MultusDaemon, MultusOptions
+    from nicop.kube.kubeconfig import KubeconfigError
 
     options = MultusOptions(
         host_root=host_root, socket=socket, cni_conf_dir=cni_conf_dir, cni_bin_dir=cni_bin_dir,
@@ -485,7 +484,7 @@ def multus_daemon(
 
     try:
         run_agent(main, log_format, _level(log_level))
-    except (ConfigError, ValueError, OSError) as e:
+    except (KubeconfigError, ValueError, OSError) as e:
         raise fail_plain(f"multus-daemon: {e}") from None
 
 

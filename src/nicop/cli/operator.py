@@ -84,22 +84,14 @@ def crds_install(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each CRD.")] = 60.0,
 ) -> None:
     """Apply the CRDs to the cluster and wait until the API server serves them."""
-    import httpx2
-    from lightkube import ApiError, Client, KubeConfig
-    from lightkube.core.exceptions import ConfigError
-
-    from nicop.api.install import CrdInstallError, install_crds
+    from nicop.kube.client import ApiError
+    from nicop.kube.kubeconfig import KubeconfigError
+    from nicop.operator.crds import CrdInstallError, install_crds
 
     try:
-        config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
-        client = Client(config=config, field_manager="nicop")
         names = install_crds(
-            client, progress=lambda line: console.print(f"  {line}"), timeout=timeout
+            kubeconfig, progress=lambda line: console.print(f"  {line}"), timeout=timeout
         )
-    except httpx2.TransportError as e:
-        current = config.get()
-        server = f" {current.cluster.server}" if current else ""
-        raise fail(f"cannot reach the API server{server}: {e}") from None
-    except (CrdInstallError, ApiError, ConfigError, OSError) as e:
+    except (CrdInstallError, ApiError, KubeconfigError, OSError) as e:
         raise fail(str(e)) from None
     console.print(f"{len(names)} CRDs installed and established.")

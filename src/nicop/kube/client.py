@@ -1,7 +1,7 @@
 """A small async Kubernetes API client on plain dicts, counting every request by verb.
 
-Authentication, TLS and the server address come from lightkube's kubeconfig handling (kubeconfig
-file, $KUBECONFIG or the in-cluster service account). On top of it: server-side apply with one
+Authentication, TLS and the server address come from nicop.kube.kubeconfig (the in-cluster
+service account, a kubeconfig file or $KUBECONFIG). On top of it: server-side apply with one
 field manager, watches with bookmarks, metadata-only lists, and the Eviction API.
 """
 
@@ -14,10 +14,9 @@ from typing import Any, Literal
 
 import httpx2 as httpx
 import orjson
-from lightkube.config import client_adapter
-from lightkube.config.kubeconfig import KubeConfig
 from prometheus_client import Counter
 
+from nicop.kube.kubeconfig import Connection, load
 from nicop.kube.resources import POD, Obj, Resource, resource_of
 
 FIELD_MANAGER = "nicop"
@@ -54,28 +53,22 @@ class Unreachable(ApiError):
     """No answer at all: the API server is down, restarting or cut off. Handled as an API
     error (the request failed; retry later), so one `except ApiError` covers outages too."""
 
-    def __init__(self, error: Exception) -> None:
+    def __init__(self, error: Exception, server: str = "") -> None:
+        at = f" {server}" if server else ""
         super().__init__(503, "Unreachable",
-                         f"cannot reach the API server: {error or type(error).__name__}")
+                         f"cannot reach the API server{at}: {error or type(error).__name__}")
 
     def __str__(self) -> str:
         return self.message
 
 
-def load_config(kubeconfig: str | Path | None = None, context: str | None = None) -> Any:
-    """Connection settings: the given kubeconfig, else $KUBECONFIG or ~/.kube, else in-cluster;
-    its current context unless `context` names another (as kubectl's --context)."""
-    config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
-    return config.get(context_name=context) if context else config.get()
-
-
 class ApiClient:
     def __init__(self, kubeconfig: str | Path | None = None, timeout: float = 30.0,
                  context: str | None = None) -> None:
-        self.config = load_config(kubeconfig, context)
-        self._http = client_adapter.AsyncClient(
-            self.config, client_adapter.ConnectionParams(timeout=httpx.Timeout(timeout))
-        )
+        self.connection: Connection = load(kubeconfig, context)
+        self._http = httpx.AsyncClient(
+            base_url=self.connection.server, verify=self.connection.verify,
+            auth=self.connection.auth, timeout=httpx.Timeout(timeout))
         # (verb, plural) -> count, so tests and benchmarks can count what a reconcile sent.
         self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
 
@@ -114,7 +107,7 @@ class ApiClient:
             resp = await self._http.request(method, path, params=params, content=content,
                                             headers=headers)
         except httpx.TransportError as e:
-            raise Unreachable(e) from None
+            raise Unreachable(e, self.connection.server) from None
         if resp.status_code >= 400:
             raise _error(resp.status_code, resp.content)
         return orjson.loads(resp.content) if resp.content else {}
@@ -208,7 +201,7 @@ class ApiClient:
                     obj.setdefault("kind", res.kind)
                     yield event["type"], obj
         except httpx.TransportError as e:
-            raise Unreachable(e) from None
+            raise Unreachable(e, self.connection.server) from None
 
     # ------------------------------------------------------------------ writes
     async def create(self, obj: Obj, *, res: Resource | None = None) -> Obj:
@@ -289,7 +282,7 @@ class ApiClient:
                 "GET", path, params=params,
                 timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else httpx.Timeout(timeout))
         except httpx.TransportError as e:
-            raise Unreachable(e) from None
+            raise Unreachable(e, self.connection.server) from None
         if resp.status_code >= 400:
             raise _error(resp.status_code, resp.content)
         return resp.content.decode(errors="replace")

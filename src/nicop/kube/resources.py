@@ -6,10 +6,10 @@ for model parsing on the hot path of a 1000-node cluster.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
-
-from lightkube.utils.quantity import parse_quantity
 
 Obj = dict[str, Any]
 
@@ -135,11 +135,26 @@ def key_of(obj: Obj) -> str:
     return f"{ns}/{m['name']}" if ns else str(m["name"])
 
 
+# A Kubernetes quantity: a decimal number, then an exponent or one suffix (binary or SI).
+_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))"
+                       r"(?:[eE]([+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?$")
+_SUFFIX = {"Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30),
+           "Ti": Decimal(2**40), "Pi": Decimal(2**50), "Ei": Decimal(2**60),
+           "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
+           "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9),
+           "T": Decimal(10**12), "P": Decimal(10**15), "E": Decimal(10**18)}
+
+
 def quantity(value: Any) -> int:
     """A quantity (`3`, `1k`, `2Ki`) as a whole number, as device counts and counters are; 0
     when it is not a quantity."""
-    try:
-        parsed = parse_quantity(str(value).strip())
-    except ValueError:
+    match = _QUANTITY.match(str(value).strip())
+    if match is None:
         return 0
-    return int(parsed) if parsed is not None else 0
+    number, exponent, suffix = match.groups()
+    amount = Decimal(number)
+    if exponent:
+        amount = amount.scaleb(int(exponent))
+    elif suffix:
+        amount *= _SUFFIX[suffix]
+    return int(amount)
