@@ -20,7 +20,8 @@ from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
-from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
+from tests.eventually import eventually
+from tests.integration.operator_process import NAMESPACE, OperatorProcess
 
 from nicop.api.upgrade import HOLDS_SLOT
 from nicop.operator.crds import install_crds
@@ -43,7 +44,7 @@ def driver_cluster(path: Path, controlplane_bin: Path, nodes: int,
         install_crds(cluster.kubeconfig)
         client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
         client.create(Namespace(metadata=ObjectMeta(name=WORK)))
-        wait_for(lambda: _exists(client, ServiceAccount, "default", WORK), 30,
+        eventually(lambda: _exists(client, ServiceAccount, "default", WORK), 30,
                  "the default service account of namespace work")
         yield cluster, client
 
@@ -70,7 +71,7 @@ def clean_up(client: Client) -> None:
         client.delete(Deployment, d.metadata.name, namespace=WORK)
     for p in client.list(PodDisruptionBudget, namespace=WORK):
         client.delete(PodDisruptionBudget, p.metadata.name, namespace=WORK)
-    wait_for(lambda: not list(client.list(Pod, namespace=NAMESPACE)), 60, "driver pods gone")
+    eventually(lambda: not list(client.list(Pod, namespace=NAMESPACE)), 60, "driver pods gone")
     for node in client.list(Node):
         if node.spec.unschedulable or STATE in (node.metadata.labels or {}):
             client.patch(Node, node.metadata.name, {"spec": {"unschedulable": None},
@@ -99,7 +100,7 @@ def budget(client: Client, name: str, labels: dict[str, str], **spec: int) -> No
 
 
 def wait_running(client: Client, count: int) -> None:
-    wait_for(lambda: [p.status.phase for p in client.list(Pod, namespace=WORK)]
+    eventually(lambda: [p.status.phase for p in client.list(Pod, namespace=WORK)]
              == ["Running"] * count, 60, f"{count} workload pods running")
 
 
@@ -150,7 +151,7 @@ class StateWatch:
     def started(self) -> StateWatch:
         """Once the watch has told every node as it is now."""
         count = len(list(self.client.list(Node)))
-        wait_for(lambda: len(self.seen) >= count or self.error, timeout=30,
+        eventually(lambda: len(self.seen) >= count or self.error, timeout=30,
                  what="the node watch to start")
         return self
 

@@ -10,9 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from nicop.kube.client import WRITE_VERBS
 from nicop_sim.cluster import free_port
@@ -23,18 +21,6 @@ RECONCILE_METRIC = re.compile(
 
 
 NAMESPACE = "nvidia-network-operator"
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
-    """Poll until `predicate` returns something truthy, and return it."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
 
 
 class OperatorProcess:

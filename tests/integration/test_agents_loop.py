@@ -21,6 +21,7 @@ from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Event, Node, Pod
+from tests.eventually import eventually
 from tests.integration.agent_loop import (
     agents,
     allocatable,
@@ -33,7 +34,7 @@ from tests.integration.agent_loop import (
     stand_ins,
     volume_dir,
 )
-from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
+from tests.integration.operator_process import NAMESPACE, OperatorProcess
 
 from nicop.node.kernel import version_matches
 from nicop_sim.cluster import LocalCluster
@@ -84,11 +85,11 @@ def policy_daemonsets(client: Client) -> list[DaemonSet]:
 def running(client: Client, operator: OperatorProcess, cluster: LocalCluster) -> Iterator[None]:
     """The policy applied with nicop's image for every component, and ready."""
     apply_policy(client, POLICY)
-    wait_for(lambda: policy_state(client) == "ready", timeout=240,
+    eventually(lambda: policy_state(client) == "ready", timeout=240,
              what="the policy with nicop's agents to be ready")
     yield
     delete(client, NicClusterPolicy, "nic-cluster-policy")
-    wait_for(lambda: not policy_daemonsets(client) and not agents(cluster), timeout=120,
+    eventually(lambda: not policy_daemonsets(client) and not agents(cluster), timeout=120,
              what="the policy's agents to go")
 
 
@@ -130,7 +131,7 @@ def run_rdma_workload(client: Client, namespace: str) -> dict[str, Any]:
         record = (pod.metadata.annotations or {}).get("nicop.io/devices")
         return json.loads(record) if record and pod.status.phase == "Running" else None
 
-    got: dict[str, Any] = wait_for(devices, timeout=60, what="the workload pod's devices")
+    got: dict[str, Any] = eventually(devices, timeout=60, what="the workload pod's devices")
     return got
 
 
@@ -154,7 +155,7 @@ def test_every_agent_serves_metrics_where_its_pod_says(
             address = metrics_address(pod)
             assert addresses.setdefault(address, pod.metadata.name) == pod.metadata.name, \
                 f"{pod.metadata.name} and {addresses[address]} share {address}"
-            metrics = wait_for(lambda pod=pod: _scrape_or_none(pod), timeout=30,
+            metrics = eventually(lambda pod=pod: _scrape_or_none(pod), timeout=30,
                                what=f"/metrics of {pod.metadata.name} at {address}")
             node = pod.spec.nodeName
             if ds.metadata.name.startswith("mofed-"):
@@ -206,7 +207,7 @@ def test_a_killed_agent_is_restarted_and_its_resource_is_back_within_5s(
         return bool(status.restartCount == restarts + 1 and again and registered
                     and allocatable(client, IB_NODE, "nvidia.com/rdma") == 63)
 
-    wait_for(back, timeout=30, what="the plugin to be restarted and registered again")
+    eventually(back, timeout=30, what="the plugin to be restarted and registered again")
     assert time.monotonic() - killed <= 5.0 + 0.5, "advertised again later than 5 s after the kill"
     last = client.get(Pod, pod.metadata.name, namespace=NAMESPACE).status.containerStatuses[0]
     assert last.lastState.terminated.exitCode == 137
@@ -230,7 +231,7 @@ def test_an_agent_that_cannot_start_crash_loops_and_diagnose_names_it(
                     return pod
             return None
 
-        pod = wait_for(crash_looping, timeout=90, what="a crash-looping plugin pod")
+        pod = eventually(crash_looping, timeout=90, what="a crash-looping plugin pod")
         message = pod.status.containerStatuses[0].lastState.terminated.message
         assert "rdma-hca" in message and "resourceName" in message, message
         assert pod.status.containerStatuses[0].lastState.terminated.exitCode == 1
@@ -244,7 +245,7 @@ def test_an_agent_that_cannot_start_crash_loops_and_diagnose_names_it(
         assert "rdma-hca" in output, output
     finally:
         apply_policy(client, POLICY)
-    wait_for(lambda: policy_state(client) == "ready", timeout=120,
+    eventually(lambda: policy_state(client) == "ready", timeout=120,
              what="the policy to recover with the good config")
 
 
@@ -291,7 +292,7 @@ def test_a_config_file_the_agent_cannot_use_is_reported_on_its_pod_and_the_last_
                               (wrong_type, "input should be a valid list"),
                               (None, "Is a directory")):
             replace(content)
-            wait_for(lambda says=says: reported("ConfigInvalid", says), timeout=30,
+            eventually(lambda says=says: reported("ConfigInvalid", says), timeout=30,
                      what=f"a ConfigInvalid Event on {name} saying {says!r}")
             assert [a.pid for a in agents(cluster, IB_NODE) if a.command == command] == \
                 [agent.pid]
@@ -299,7 +300,7 @@ def test_a_config_file_the_agent_cannot_use_is_reported_on_its_pod_and_the_last_
             assert {k: now.get(k) for k in served} == served
     finally:
         replace(good)
-    wait_for(lambda: reported("ConfigLoaded", "is valid again"), timeout=30,
+    eventually(lambda: reported("ConfigLoaded", "is valid again"), timeout=30,
              what=f"a ConfigLoaded Event on {name}")
     now = client.get(Pod, name, namespace=NAMESPACE)
     assert now.status.containerStatuses[0].restartCount == restarts
@@ -310,11 +311,11 @@ def test_deleting_the_policy_removes_its_daemonsets_pods_and_processes(
         client: Client, cluster: LocalCluster, operator: OperatorProcess) -> None:
     """Runs last in this module: the module's policy goes, and everything it started."""
     apply_policy(client, POLICY)
-    wait_for(lambda: agents(cluster), timeout=60, what="agents to run")
+    eventually(lambda: agents(cluster), timeout=60, what="agents to run")
     delete(client, NicClusterPolicy, "nic-cluster-policy")
-    wait_for(lambda: not policy_daemonsets(client), timeout=60, what="the DaemonSets to go")
-    wait_for(lambda: not [p for p in client.list(Pod, namespace=NAMESPACE)
+    eventually(lambda: not policy_daemonsets(client), timeout=60, what="the DaemonSets to go")
+    eventually(lambda: not [p for p in client.list(Pod, namespace=NAMESPACE)
                           if (p.metadata.labels or {}).get("app") in ("rdma-shared-dp", "sriovdp")
                           or "nvidia.com/ofed-driver" in (p.metadata.labels or {})],
              timeout=120, what="their pods to go")
-    wait_for(lambda: not agents(cluster), timeout=60, what="every agent process to end")
+    eventually(lambda: not agents(cluster), timeout=60, what="every agent process to end")

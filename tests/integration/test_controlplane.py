@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from lightkube import Client
 from lightkube.generic_resource import create_global_resource
 from lightkube.models.apiextensions_v1 import (
@@ -19,19 +17,9 @@ from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Node, Pod
+from tests.eventually import eventually
 
 from nicop_sim.hardware import MELLANOX_PRESENT_LABEL
-
-
-def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.2)
 
 
 def test_nodes_look_like_gpu_nodes(client: Client) -> None:
@@ -73,7 +61,7 @@ def test_daemonset_runs_one_pod_per_matching_node(client: Client, namespace: str
             return status
         return None
 
-    wait_for(available, what="DaemonSet probe to be available on the 3 labelled nodes")
+    eventually(available, what="DaemonSet probe to be available on the 3 labelled nodes")
     pods = list(client.list(Pod, namespace=namespace, labels=labels))
     assert sorted(p.spec.nodeName for p in pods) == ["node-1", "node-2", "node-3"]
     assert all(p.status.phase == "Running" for p in pods)
@@ -108,7 +96,7 @@ def test_custom_resource_definition_round_trip(client: Client) -> None:
     )
     client.create(crd)
     try:
-        wait_for(
+        eventually(
             lambda: any(
                 c.type == "Established" and c.status == "True"
                 for c in (
@@ -119,7 +107,8 @@ def test_custom_resource_definition_round_trip(client: Client) -> None:
         )
         widget_cls = create_global_resource("probe.nicop.io", "v1", "Widget", "widgets")
         obj = widget_cls(metadata=ObjectMeta(name="w1"), spec={"size": 3})
-        wait_for(lambda: _try_create(client, obj), timeout=15, what="custom object to be accepted")
+        eventually(lambda: _try_create(client, obj), timeout=15,
+                   what="custom object to be accepted")
         back = client.get(widget_cls, "w1")
         assert back.spec == {"size": 3}
     finally:

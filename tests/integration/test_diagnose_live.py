@@ -19,7 +19,8 @@ from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.types import PatchType
-from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
+from tests.eventually import eventually
+from tests.integration.operator_process import NAMESPACE, OperatorProcess
 from tests.integration.test_status_live import (
     NicClusterPolicy,
     apply_example_policy,
@@ -141,8 +142,8 @@ def test_a_driver_that_is_not_ready(client: Client, kubeconfig: Path, policy: No
     try:
         # The operator holds the device plugins back: node-2 gets mofed.wait=true and the
         # DaemonSet controller removes the RDMA plugin pod from it.
-        wait_for(lambda: label(client, "node-2", MOFED_WAIT) == "true", 30, "mofed.wait=true")
-        wait_for(lambda: not pods_of(client, "rdma-shared-dp-ds", "node-2"), 30,
+        eventually(lambda: label(client, "node-2", MOFED_WAIT) == "true", 30, "mofed.wait=true")
+        eventually(lambda: not pods_of(client, "rdma-shared-dp-ds", "node-2"), 30,
                  "the RDMA plugin pod to leave node-2")
 
         code, report = nicop(kubeconfig, "diagnose", "node", "node-2")
@@ -162,8 +163,8 @@ def test_a_driver_that_is_not_ready(client: Client, kubeconfig: Path, policy: No
     finally:
         # A new driver pod (the DaemonSet recreates it; kwok makes it ready) heals the node.
         client.delete(Pod, name, namespace=NAMESPACE)
-        wait_for(lambda: label(client, "node-2", MOFED_WAIT) == "false", 60, "driver ready")
-        wait_for(lambda: pods_of(client, "rdma-shared-dp-ds", "node-2"), 60, "plugin back")
+        eventually(lambda: label(client, "node-2", MOFED_WAIT) == "false", 60, "driver ready")
+        eventually(lambda: pods_of(client, "rdma-shared-dp-ds", "node-2"), 60, "plugin back")
 
 
 def test_a_device_plugin_pod_kept_off_a_node_by_a_taint(
@@ -179,7 +180,7 @@ def test_a_device_plugin_pod_kept_off_a_node_by_a_taint(
     try:
         for pod in pods_of(client, "rdma-shared-dp-ds", "node-3"):
             client.delete(Pod, pod.metadata.name, namespace=NAMESPACE)
-        wait_for(lambda: not pods_of(client, "rdma-shared-dp-ds", "node-3"), 30,
+        eventually(lambda: not pods_of(client, "rdma-shared-dp-ds", "node-3"), 30,
                  "the RDMA plugin pod to be gone from node-3")
 
         code, report = nicop(kubeconfig, "diagnose", "node", "node-3")
@@ -192,7 +193,7 @@ def test_a_device_plugin_pod_kept_off_a_node_by_a_taint(
         assert "spec.tolerations of the NicClusterPolicy" in plugin["fix"]
         assert "kubectl taint node node-3 example.com/dedicated-" in plugin["fix"]
         # The DaemonSet counts one node fewer, so the policy still says the plugin is ready.
-        wait_for(lambda: component_state(client, "state-RDMA-device-plugin") == "ready", 30,
+        eventually(lambda: component_state(client, "state-RDMA-device-plugin") == "ready", 30,
                  "the RDMA plugin component to look ready")
         # The driver on the node is fine: the report does not blame it.
         assert check(report, "node/node-3", "driver")["result"] == "pass"
@@ -202,7 +203,7 @@ def test_a_device_plugin_pod_kept_off_a_node_by_a_taint(
         assert pods_of(client, "rdma-shared-dp-ds", "node-3") == []  # still gone
     finally:
         client.patch(Node, "node-3", {"spec": {"taints": None}}, patch_type=PatchType.MERGE)
-        wait_for(lambda: pods_of(client, "rdma-shared-dp-ds", "node-3"), 60,
+        eventually(lambda: pods_of(client, "rdma-shared-dp-ds", "node-3"), 60,
                  "the RDMA plugin pod back on node-3")
 
 
@@ -222,7 +223,7 @@ def test_a_pod_asking_for_a_resource_no_node_advertises(
         return any(e.reason == "FailedScheduling" and e.involvedObject.name == "wrong-name"
                    for e in client.list(Event, namespace=namespace))
 
-    wait_for(complaint, 30, "the scheduler's FailedScheduling event")
+    eventually(complaint, 30, "the scheduler's FailedScheduling event")
     code, report = nicop(kubeconfig, "diagnose", "pod", f"{namespace}/wrong-name")
     assert code == 1
     subject = f"pod/{namespace}/wrong-name"
@@ -241,7 +242,7 @@ def test_a_pod_asking_for_a_resource_no_node_advertises(
     assert pending["fix"] == f"nicop diagnose pod {namespace}/wrong-name"
 
     # The pod that asks for what exists is placed on the node that has it, and passes.
-    wait_for(lambda: (client.get(Pod, "right-name", namespace=namespace).spec or
+    eventually(lambda: (client.get(Pod, "right-name", namespace=namespace).spec or
                       PodSpec(containers=[])).nodeName, 30, "right-name to be scheduled")
     code, report = nicop(kubeconfig, "diagnose", "pod", f"{namespace}/right-name")
     assert code == 0, report
@@ -303,7 +304,7 @@ def test_a_managed_node_that_loses_its_nfd_label_is_named_with_the_fix(
         assert managed["fix"].startswith(fix)
         # The operator takes mofed.wait off the node it no longer manages; the node still
         # advertises its devices, and is still named.
-        wait_for(lambda: label(client, "node-1", MOFED_WAIT) is None, 30,
+        eventually(lambda: label(client, "node-1", MOFED_WAIT) is None, 30,
                  "the operator to let go of node-1")
         code, report = nicop(kubeconfig, "diagnose")
         assert code == 1 and check(report, "node/node-1", "managed")["fix"].startswith(fix)
@@ -313,7 +314,7 @@ def test_a_managed_node_that_loses_its_nfd_label_is_named_with_the_fix(
     finally:
         client.patch(Node, "node-1", {"metadata": {"labels": {present: "true"}}},
                      patch_type=PatchType.MERGE)
-        wait_for(lambda: label(client, "node-1", MOFED_WAIT) == "false", 60,
+        eventually(lambda: label(client, "node-1", MOFED_WAIT) == "false", 60,
                  "node-1's driver ready again")
-        wait_for(lambda: pods_of(client, "rdma-shared-dp-ds", "node-1"), 60,
+        eventually(lambda: pods_of(client, "rdma-shared-dp-ds", "node-1"), 60,
                  "the RDMA plugin back on node-1")

@@ -16,12 +16,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from tests.eventually import until
 
 from nicop.api import dra
 from nicop.kube.client import ApiClient
@@ -49,14 +50,6 @@ def root() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="dgx-", dir="/tmp"))
     yield path
     shutil.rmtree(path)
-
-
-async def until(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.2)
 
 
 def example(name: str, namespace: str) -> tuple[dict[str, Any], dict[str, Any] | None]:

@@ -30,8 +30,9 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.types import PatchType
+from tests.eventually import eventually
 from tests.integration.agent_loop import agents, allocatable, delete
-from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
+from tests.integration.operator_process import NAMESPACE, OperatorProcess
 from tests.integration.test_dra_alignment import (
     CLAIM,
     CLAIM_TEMPLATE,
@@ -163,7 +164,7 @@ def deployed(client: Client, operator: OperatorProcess, cluster: LocalCluster) -
     apply_nnp(client, PLUGIN_NNP)
     for name in (DRA_POLICY, PLUGIN_POLICY):
         try:
-            wait_for(lambda n=name: nnp_status(client, n).get("state") == "ready",  # type: ignore[misc]
+            eventually(lambda n=name: nnp_status(client, n).get("state") == "ready",  # type: ignore[misc]
                      180, f"NicNodePolicy {name} to become ready")
         except AssertionError as e:
             logs = "".join(f"\n--- {p}\n" + p.read_text()[-3000:]
@@ -174,7 +175,7 @@ def deployed(client: Client, operator: OperatorProcess, cluster: LocalCluster) -
         delete(client, NicNodePolicy, name)
     for node, label in groups.items():
         client.patch(Node, node, {"metadata": {"labels": {label: None}}})
-    wait_for(lambda: not agents(cluster) and not slices(client, dra.DRIVER), 120,
+    eventually(lambda: not agents(cluster) and not slices(client, dra.DRIVER), 120,
              "the policies' agents and slices to go")
     delete(client, OperatorConfig, "default", NAMESPACE)  # made with the SR-IOV policy
 
@@ -206,7 +207,7 @@ def test_device_plugins_and_the_dra_driver_run_side_by_side_on_different_nodes(
                           resources=ResourceRequirements(requests=limits, limits=limits))])))
     create(kubeconfig, *nic_user(namespace))
 
-    pod = wait_for(lambda: prepared(client, "nic-user", namespace), 60,
+    pod = eventually(lambda: prepared(client, "nic-user", namespace), 60,
                    "the claim's CDI devices on its pod")
     assert pod.spec.nodeName == DRA_NODE
     [cdi] = json.loads(pod.metadata.annotations[ANNOTATION])["devices"]["nic"]
@@ -216,7 +217,7 @@ def test_device_plugins_and_the_dra_driver_run_side_by_side_on_different_nodes(
         pod = client.get(Pod, "plugin-user", namespace=namespace)
         record = (pod.metadata.annotations or {}).get("nicop.io/devices")
         return json.loads(record) if record else None
-    got = wait_for(handed_out, 60, "the plugin's devices on its pod")
+    got = eventually(handed_out, 60, "the plugin's devices on its pod")
     assert client.get(Pod, "plugin-user", namespace=namespace).spec.nodeName == PLUGIN_NODE
     assert got["app"][RDMA_RESOURCE]["devices"]
     assert all(d.startswith("/dev/infiniband/") for d in got["app"][RDMA_RESOURCE]["devices"])
@@ -231,7 +232,7 @@ def test_the_deployed_plugin_writes_the_cdi_spec_and_releases_it_after_a_restart
     prepared), the kubelet's retried NodeUnprepareResources removes the spec, and the claim
     goes with the pod."""
     create(kubeconfig, *nic_user(namespace))
-    pod = wait_for(lambda: prepared(client, "nic-user", namespace), 60,
+    pod = eventually(lambda: prepared(client, "nic-user", namespace), 60,
                    "the claim prepared on its pod")
     claim_name = pod.status.resourceClaimStatuses[0].resourceClaimName
     claim = client.get(ResourceClaim, claim_name, namespace=namespace)
@@ -253,10 +254,10 @@ def test_the_deployed_plugin_writes_the_cdi_spec_and_releases_it_after_a_restart
     [plugin] = [a for a in agents(cluster, DRA_NODE) if a.command == "dra-plugin"]
     os.kill(plugin.pid, signal.SIGKILL)
     delete(client, Pod, "nic-user", namespace)
-    wait_for(lambda: [a for a in agents(cluster, DRA_NODE)
+    eventually(lambda: [a for a in agents(cluster, DRA_NODE)
                       if a.command == "dra-plugin" and a.pid != plugin.pid], 60,
              "the node stand-in to restart the plugin")
-    wait_for(lambda: not spec_file.exists(), 60, "the CDI spec removed once the plugin is back")
+    eventually(lambda: not spec_file.exists(), 60, "the CDI spec removed once the plugin is back")
 
     def claim_gone() -> bool:
         try:
@@ -264,7 +265,7 @@ def test_the_deployed_plugin_writes_the_cdi_spec_and_releases_it_after_a_restart
         except ApiError as e:
             return e.status.code == 404
         return False
-    wait_for(claim_gone, 60, "the pod's claim to go with it")
+    eventually(claim_gone, 60, "the pod's claim to go with it")
 
 
 def test_eight_gpu_nic_pairs_on_the_dgx_share_their_pcie_root_and_a_ninth_waits(
@@ -370,26 +371,26 @@ def test_vfs_the_sriov_policy_creates_are_claimable_and_leave_the_slice_when_the
         return client.get(Pod, "vf-user", namespace=namespace)
 
     create(kubeconfig, template, user)
-    wait_for(lambda: any(c.reason == "Unschedulable" for c in pod().status.conditions or []),
+    eventually(lambda: any(c.reason == "Unschedulable" for c in pod().status.conditions or []),
              60, "the claim to find no VFs")
     client.apply(SriovPolicy(metadata=ObjectMeta(name="dgx-ib-vfs", namespace=NAMESPACE), spec={
         "resourceName": "dgx_ib_vf", "nodeSelector": {"kubernetes.io/hostname": DRA_NODE},
         "numVfs": 4, "nicSelector": {"pfNames": [SRIOV_PF_NAME]}, "isRdma": True,
         "linkType": "ib"}), field_manager="test", force=True)
     try:
-        wait_for(lambda: numvfs.read_text().strip() == "4", 180, "the config daemon's VFs")
+        eventually(lambda: numvfs.read_text().strip() == "4", 180, "the config daemon's VFs")
         created = time.monotonic()
-        wait_for(lambda: len(vfs_published()) == 4, 10, "the VFs in the slice")
+        eventually(lambda: len(vfs_published()) == 4, 10, "the VFs in the slice")
         print(f"\nVFs created to slice update: {time.monotonic() - created:.2f}s")
-        wait_for(lambda: pod().spec.nodeName == DRA_NODE, 60, "the pod scheduled with two VFs")
+        eventually(lambda: pod().spec.nodeName == DRA_NODE, 60, "the pod scheduled with two VFs")
         taken = {r["device"] for r in _allocation(client, pod(), namespace)}
         by_name = {d["name"]: d for d in vfs_published()}
         assert len(taken) == 2 and taken <= set(by_name)
         assert {by_name[d]["attributes"][dra.PF_NAME]["string"] for d in taken} == {SRIOV_PF_NAME}
         # Prepared: the claim's status.devices names each VF's interface and MAC as the node has
         # them, written by the plugin pod under its own node-bound, driver-scoped rights.
-        wait_for(lambda: prepared(client, "vf-user", namespace), 60, "the VFs prepared")
-        reported = wait_for(lambda: _device_status(client, pod(), namespace), 30,
+        eventually(lambda: prepared(client, "vf-user", namespace), 60, "the VFs prepared")
+        reported = eventually(lambda: _device_status(client, pod(), namespace), 30,
                             "the claim's device status")
         root = cluster.node_root(DRA_NODE)
         assert {r["device"] for r in reported} == taken
@@ -402,7 +403,7 @@ def test_vfs_the_sriov_policy_creates_are_claimable_and_leave_the_slice_when_the
             assert set(conditions) <= {"Ready", dra.CONDITION_VF_READY}
 
         create(kubeconfig, *pf_user(namespace))
-        wait_for(lambda: any(c.reason == "Unschedulable" for c in client.get(
+        eventually(lambda: any(c.reason == "Unschedulable" for c in client.get(
             Pod, "pf-user", namespace=namespace).status.conditions or []),
             60, "the claim for the PF of allocated VFs to wait")
         said = diagnose_pod(kubeconfig, namespace, "pf-user")
@@ -414,15 +415,15 @@ def test_vfs_the_sriov_policy_creates_are_claimable_and_leave_the_slice_when_the
         down = time.monotonic()
         host.set_link(SRIOV_PF_NAME, False)
         try:
-            wait_for(lambda: not vfs_published(), 5,
+            eventually(lambda: not vfs_published(), 5,
                      "the VFs of the PF whose link went down to leave the slice")
             print(f"PF link down to VFs out of the slice: {time.monotonic() - down:.2f}s")
         finally:
             host.set_link(SRIOV_PF_NAME, True)
-        wait_for(lambda: len(vfs_published()) == 4, 10, "the VFs back in the slice")
+        eventually(lambda: len(vfs_published()) == 4, 10, "the VFs back in the slice")
         assert not client.get(Pod, "pf-user", namespace=namespace).spec.nodeName
         delete(client, Pod, "vf-user", namespace)
-        wait_for(lambda: client.get(Pod, "pf-user", namespace=namespace).spec.nodeName
+        eventually(lambda: client.get(Pod, "pf-user", namespace=namespace).spec.nodeName
                  == DRA_NODE, 60, "the PF's claim allocated once its VFs are released")
         [pf] = _allocation(client, client.get(Pod, "pf-user", namespace=namespace), namespace)
         assert pf["device"] == "pf-0000-18-00-0"
@@ -430,7 +431,7 @@ def test_vfs_the_sriov_policy_creates_are_claimable_and_leave_the_slice_when_the
         delete(client, Pod, "vf-user", namespace)
         delete(client, Pod, "pf-user", namespace)
         delete(client, SriovPolicy, "dgx-ib-vfs", NAMESPACE)
-        wait_for(lambda: numvfs.read_text().strip() == "0", 120, "the VFs to be removed")
+        eventually(lambda: numvfs.read_text().strip() == "0", 120, "the VFs to be removed")
 
 
 def vf_user(namespace: str, pf_name: str, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -488,31 +489,31 @@ def test_a_vf_claim_made_before_its_policy_binds_once_the_vf_is_ready_or_fails_s
 
     # A config daemon of an earlier test may still be on its way out: the one held below must
     # be the one that makes this test's VFs.
-    wait_for(lambda: config_daemon() is None, 120, "no config daemon left from before")
+    eventually(lambda: config_daemon() is None, 120, "no config daemon left from before")
     create(kubeconfig, *vf_user(namespace, SRIOV_PF_NAME, "vf-early"))
     try:
-        wait_for(lambda: any(c.reason == "Unschedulable"
+        eventually(lambda: any(c.reason == "Unschedulable"
                              for c in pod("vf-early").status.conditions or []),
                  60, "the claim to find no VF")
         # The config daemons run while a policy exists: one that selects no PF starts them.
         client.apply(policy("no-vfs", "no-such-pf"), field_manager="test", force=True)
-        daemon = wait_for(config_daemon, 120, f"the config daemon on {DRA_NODE}")
-        wait_for(lambda: (client.get(NodeState, DRA_NODE, namespace=NAMESPACE).get("status")
+        daemon = eventually(config_daemon, 120, f"the config daemon on {DRA_NODE}")
+        eventually(lambda: (client.get(NodeState, DRA_NODE, namespace=NAMESPACE).get("status")
                           or {}).get("syncStatus") == "Succeeded", 60,
                  "the daemon to report the node's PFs (the operator plans from them)")
         os.kill(daemon, signal.SIGSTOP)
         client.apply(policy("early-vfs", SRIOV_PF_NAME), field_manager="test", force=True)
-        claim = wait_for(lambda: (c := claim_of("vf-early")) and
+        claim = eventually(lambda: (c := claim_of("vf-early")) and
                          (c.get("status") or {}).get("allocation") and c,
                          60, "the claim allocated a planned VF")
         [result] = claim["status"]["allocation"]["devices"]["results"]
         assert result["bindingConditions"] == [dra.CONDITION_VF_READY]
-        wait_for(lambda: scheduler_waits("vf-early"), 60, "the scheduler to wait for the VF")
+        eventually(lambda: scheduler_waits("vf-early"), 60, "the scheduler to wait for the VF")
         vf = result["device"].removeprefix("vf-").replace("-", ":", 2).replace("-", ".")
         assert not (root / vf).exists()
         assert not pod("vf-early").spec.nodeName, "bound before its VF exists"
         os.kill(daemon, signal.SIGCONT)
-        wait_for(lambda: pod("vf-early").spec.nodeName == DRA_NODE, 60,
+        eventually(lambda: pod("vf-early").spec.nodeName == DRA_NODE, 60,
                  "the pod bound once its VF is ready")
         assert os.path.basename(os.readlink(root / vf / "driver")) == "vfio-pci"
         [entry] = _device_status(client, pod("vf-early"), namespace)
@@ -529,10 +530,10 @@ def test_a_vf_claim_made_before_its_policy_binds_once_the_vf_is_ready_or_fails_s
                          for c in d.get("conditions") or []
                          if c["type"] == dra.CONDITION_VF_FAILED), None)
 
-        condition = wait_for(failed, 120, "the VF's binding to fail")
+        condition = eventually(failed, 120, "the VF's binding to fail")
         assert condition["status"] == "True" and "IOMMU" in condition["message"], condition
         assert other_name in condition["message"], condition
-        wait_for(lambda: not ((claim_of("vf-doomed") or {}).get("status") or {}).get(
+        eventually(lambda: not ((claim_of("vf-doomed") or {}).get("status") or {}).get(
             "allocation"), 60, "the scheduler to free the claim")
         said = diagnose_pod(kubeconfig, namespace, "vf-doomed")
         assert dra.TAINT_VF_FAILED in said, said
@@ -548,7 +549,7 @@ def test_a_vf_claim_made_before_its_policy_binds_once_the_vf_is_ready_or_fails_s
         delete(client, SriovPolicy, "no-vfs", NAMESPACE)
         delete(client, SriovPolicy, "doomed-vfs", NAMESPACE)
         for pf in (SRIOV_PF, other_pf):
-            wait_for(lambda pf=pf: (root / pf / "sriov_numvfs").read_text().strip() == "0",  # type: ignore[misc]
+            eventually(lambda pf=pf: (root / pf / "sriov_numvfs").read_text().strip() == "0",  # type: ignore[misc]
                      120, f"the VFs of {pf} to be removed")
 
 
@@ -573,7 +574,7 @@ def test_upstreams_sriov_resource_policy_chooses_the_vfs_and_their_attributes(
         "numVfs": 4, "nicSelector": {"pfNames": [SRIOV_PF_NAME]}, "isRdma": True,
         "linkType": "ib"}), field_manager="test", force=True)
     try:
-        wait_for(lambda: len(vfs()) == 4, 180, "the 4 VFs published")
+        eventually(lambda: len(vfs()) == 4, 180, "the 4 VFs published")
         chosen = sorted(d["attributes"][dra.PCI_ADDRESS]["string"] for d in vfs().values())[:2]
         client.apply(DeviceAttributes(
             metadata=ObjectMeta(name="ib-attrs", namespace=NAMESPACE,
@@ -587,21 +588,21 @@ def test_upstreams_sriov_resource_policy_chooses_the_vfs_and_their_attributes(
                 "resourceFilters": [{"vendors": ["15b3"], "pfNames": [SRIOV_PF_NAME],
                                      "pciAddresses": chosen}]}]}),
             field_manager="test", force=True)
-        published = wait_for(lambda: (v := vfs()) and len(v) == 2 and v, 30,
+        published = eventually(lambda: (v := vfs()) and len(v) == 2 and v, 30,
                              "only the policy's 2 VFs published")
         assert sorted(d["attributes"][dra.PCI_ADDRESS]["string"]
                       for d in published.values()) == chosen
         assert all(d["attributes"]["k8s.cni.cncf.io/resourceName"] == {"string": "ib_resource"}
                    for d in published.values())
         delete(client, SriovResourcePolicy, "ib-policy", NAMESPACE)
-        wait_for(lambda: len(vfs()) == 4 and not any(
+        eventually(lambda: len(vfs()) == 4 and not any(
             "k8s.cni.cncf.io/resourceName" in d["attributes"] for d in vfs().values()),
             30, "all 4 VFs back without the attribute")
     finally:
         delete(client, SriovResourcePolicy, "ib-policy", NAMESPACE)
         delete(client, DeviceAttributes, "ib-attrs", NAMESPACE)
         delete(client, SriovPolicy, "dgx-ib-vfs", NAMESPACE)
-        wait_for(lambda: numvfs.read_text().strip() == "0", 120, "the VFs to be removed")
+        eventually(lambda: numvfs.read_text().strip() == "0", 120, "the VFs to be removed")
 
 
 def pf_user(namespace: str, address: str = SRIOV_PF, name: str = "pf-user"
@@ -649,13 +650,13 @@ def test_a_pf_whose_link_goes_down_is_tainted_and_a_claim_only_it_could_serve_wa
     down = time.monotonic()
     host.set_link(ifname, False)
     try:
-        [taint] = wait_for(taints, 10, f"{device} tainted")
+        [taint] = eventually(taints, 10, f"{device} tainted")
         print(f"\nlink down to taint: {time.monotonic() - down:.2f}s")
         assert (taint["key"], taint["value"], taint["effect"]) == (
             dra.TAINT_LINK_DOWN, ifname, "NoSchedule")
         assert taint.get("timeAdded"), "set by the API server"
         create(kubeconfig, *pf_user(namespace, address, "down-pf-user"))
-        wait_for(lambda: any(c.reason == "Unschedulable" for c in pod().status.conditions or []),
+        eventually(lambda: any(c.reason == "Unschedulable" for c in pod().status.conditions or []),
                  60, "the claim for the tainted PF to wait")
         said = diagnose_pod(kubeconfig, namespace, "down-pf-user")
         assert (f"node {DRA_NODE}: nic: 0 free of 1 rdma.nicop.io, 1 wanted ({device} tainted "
@@ -664,8 +665,8 @@ def test_a_pf_whose_link_goes_down_is_tainted_and_a_claim_only_it_could_serve_wa
     finally:
         host.set_link(ifname, True)
     try:
-        wait_for(lambda: taints() == [], 5, "the taint to go with the link back")
-        wait_for(lambda: pod().spec.nodeName == DRA_NODE, 60, "the claim allocated")
+        eventually(lambda: taints() == [], 5, "the taint to go with the link back")
+        eventually(lambda: pod().spec.nodeName == DRA_NODE, 60, "the claim allocated")
         [result] = _allocation(client, pod(), namespace)
         assert result["device"] == device
     finally:
@@ -714,16 +715,16 @@ def test_while_the_driver_container_is_not_ready_the_nics_stay_published_and_tai
     assert len(before) == PAIRS and not any(before.values()) and len(plugin) == 1
     set_ready(False)
     try:
-        wait_for(lambda: mofed_wait() == "true", 30, "the operator's mofed.wait=true")
+        eventually(lambda: mofed_wait() == "true", 30, "the operator's mofed.wait=true")
         waiting = time.monotonic()
-        wait_for(lambda: nics() == {name: [dra.TAINT_DRIVER_NOT_READY] for name in before},
+        eventually(lambda: nics() == {name: [dra.TAINT_DRIVER_NOT_READY] for name in before},
                  30, "every NIC of the node tainted driver-not-ready")
         print(f"\nmofed.wait true to NICs tainted: {time.monotonic() - waiting:.2f}s")
         assert plugin_pods() == plugin, "the DRA plugin's pod stays through a driver reload"
     finally:
         set_ready(True)
-    wait_for(lambda: mofed_wait() == "false", 30, "the operator's mofed.wait=false")
-    wait_for(lambda: nics() == before, 30, "the taints gone with the driver Ready")
+    eventually(lambda: mofed_wait() == "false", 30, "the operator's mofed.wait=false")
+    eventually(lambda: nics() == before, 30, "the taints gone with the driver Ready")
     assert plugin_pods() == plugin
 
 
@@ -771,7 +772,7 @@ def test_64_pods_sharing_one_roce_port_the_64th_waits_until_one_goes(
                  patch_type=PatchType.MERGE)
     client.patch(Node, node, {"metadata": {"labels": {GPU: ""}}})
     try:
-        published = wait_for(shared, 120, f"{node}'s first RoCE port published as shared")
+        published = eventually(shared, 120, f"{node}'s first RoCE port published as shared")
         assert published["allowMultipleAllocations"] is True
         assert published["capacity"]["pods"]["value"] == "63"
 
@@ -793,10 +794,10 @@ def test_64_pods_sharing_one_roce_port_the_64th_waits_until_one_goes(
             on_node = [p for p in now if p.spec.nodeName == node]
             return waiting if len(on_node) == 63 and len(waiting) == 1 else None
 
-        [waiting] = wait_for(placed, 180, "63 pods on the port and the 64th unschedulable")
+        [waiting] = eventually(placed, 180, "63 pods on the port and the 64th unschedulable")
         first = next(p for p in pods() if p.spec.nodeName == node)
         delete(client, Pod, first.metadata.name, namespace)
-        wait_for(lambda: client.get(Pod, waiting.metadata.name, namespace=namespace)
+        eventually(lambda: client.get(Pod, waiting.metadata.name, namespace=namespace)
                  .spec.nodeName == node, 60, "the 64th scheduled once a share is free")
     finally:
         for pod in pods():
@@ -806,7 +807,7 @@ def test_64_pods_sharing_one_roce_port_the_64th_waits_until_one_goes(
         client.patch(NicNodePolicy, DRA_POLICY, {"spec": {"draDriver": {"sharedRdma": None}}},
                      patch_type=PatchType.MERGE)
         client.patch(Node, node, {"metadata": {"labels": {GPU: None}}})
-        wait_for(lambda: not pods() and node not in slices(client, dra.DRIVER)
+        eventually(lambda: not pods() and node not in slices(client, dra.DRIVER)
                  and "pf-0000-40-00-0" in {d["name"] for s in client.list(ResourceSlice)
                                            for d in s["spec"].get("devices") or []},
                  120, "the pods gone and the policy back to whole PFs")
@@ -857,10 +858,10 @@ def test_a_deployment_asking_for_an_sriov_resource_gets_it_by_dra_or_the_device_
                                      "resources": {"limits": {resource: "1"}}}]}}}}
     try:
         for node in roots:
-            wait_for(lambda n=node: numvfs(n) == "2", 180, f"the VFs on {node}")  # type: ignore[misc]
-        wait_for(lambda: allocatable(client, PLUGIN_NODE, resource) == 2, 60,
+            eventually(lambda n=node: numvfs(n) == "2", 180, f"the VFs on {node}")  # type: ignore[misc]
+        eventually(lambda: allocatable(client, PLUGIN_NODE, resource) == 2, 60,
                  f"{resource} advertised by the storage node's device plugin")
-        wait_for(lambda: dra.sriov_class_name("moving_vf") in classes(client), 30,
+        eventually(lambda: dra.sriov_class_name("moving_vf") in classes(client), 30,
                  "the operator's DeviceClass of the resource")
         create_object(kubeconfig, deployment)
 
@@ -871,14 +872,14 @@ def test_a_deployment_asking_for_an_sriov_resource_gets_it_by_dra_or_the_device_
             by_node = {p.spec.nodeName: p.to_dict() for p in pods}
             return by_node if set(by_node) == {DRA_NODE, PLUGIN_NODE} else None
 
-        wait_for(placed, 90, "a pod on each node")
+        eventually(placed, 90, "a pod on each node")
 
         def from_device_plugin() -> dict[str, Any] | None:
             record = (placed() or {}).get(PLUGIN_NODE, {}).get("metadata", {}).get(
                 "annotations", {}).get("nicop.io/devices")
             return json.loads(record)["app"][resource] if record else None
 
-        given = wait_for(from_device_plugin, 60, "the device plugin's VF on the storage pod")
+        given = eventually(from_device_plugin, 60, "the device plugin's VF on the storage pod")
         assert given["env"][variable] in vfs_of(PLUGIN_NODE), given
 
         def by_dra() -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -889,7 +890,7 @@ def test_a_deployment_asking_for_an_sriov_resource_gets_it_by_dra_or_the_device_
                 return None
             return pod, record  # type: ignore[return-value]
 
-        pod, record = wait_for(by_dra, 90, "the GPU node's pod prepared by the DRA driver")
+        pod, record = eventually(by_dra, 90, "the GPU node's pod prepared by the DRA driver")
         extended = pod["status"]["extendedResourceClaimStatus"]
         assert extended["requestMappings"] == [{"containerName": "app", "resourceName": resource,
                                                 "requestName": "container-0-request-0"}]
@@ -916,13 +917,13 @@ def test_a_deployment_asking_for_an_sriov_resource_gets_it_by_dra_or_the_device_
     finally:
         with contextlib.suppress(ApiError):
             client.delete(Deployment, "migrating", namespace=namespace)
-        wait_for(lambda: not list(client.list(Pod, namespace=namespace,
+        eventually(lambda: not list(client.list(Pod, namespace=namespace,
                                               labels={"app": "migrating"})),
                  60, "the Deployment's pods to go")
         delete(client, SriovPolicy, "moving-vfs", NAMESPACE)
         for node in roots:
             client.patch(Node, node, {"metadata": {"labels": {group: None}}})
-            wait_for(lambda n=node: numvfs(n) == "0", 120, f"the VFs of {node} removed")  # type: ignore[misc]
+            eventually(lambda n=node: numvfs(n) == "0", 120, f"the VFs of {node} removed")  # type: ignore[misc]
 
 
 def create_object(kubeconfig: Path, body: dict[str, Any]) -> None:

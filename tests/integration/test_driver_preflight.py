@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Event, Node
+from tests.eventually import eventually
 from tests.integration.agent_loop import agents, delete
-from tests.integration.operator_process import OperatorProcess, wait_for
+from tests.integration.operator_process import OperatorProcess
 from tests.integration.test_agents_loop import (
     FAST_PROBES,
     NicClusterPolicy,
@@ -52,11 +53,11 @@ def driver(client: Client, operator: OperatorProcess, cluster: LocalCluster) -> 
     """nicop's driver agent on every node, at the first version; the versions applied so far."""
     applied = [VERSIONS[0]]
     apply_policy(client, policy(applied[0]))
-    wait_for(lambda: policy_state(client) == "ready", timeout=240,
+    eventually(lambda: policy_state(client) == "ready", timeout=240,
              what="the driver agents to be ready")
     yield applied
     delete(client, NicClusterPolicy, "nic-cluster-policy")
-    wait_for(lambda: not policy_daemonsets(client) and not agents(cluster), timeout=120,
+    eventually(lambda: not policy_daemonsets(client) and not agents(cluster), timeout=120,
              what="the driver agents to go")
     for node in client.list(Node):
         if node.spec.unschedulable or STATE_LABEL in (node.metadata.labels or {}):
@@ -109,18 +110,18 @@ def test_an_upgrade_that_would_hurt_the_node_is_held_there_until_fixed(
     try:
         apply_policy(client, policy(new, **extra))
         driver.append(new)
-        held = wait_for(lambda: annotations(client).get(PREFLIGHT_ANNOTATION), timeout=120,
+        held = eventually(lambda: annotations(client).get(PREFLIGHT_ANNOTATION), timeout=120,
                         what=f"the driver agent on {NODE} to hold the reload")
         assert said in held and fix in held, held
         assert version_matches(loaded(cluster), old)  # the running driver stays
         # the agent records the Event after it annotates the node
-        wait_for(lambda: any(said in e.message for e in refusals(client)), timeout=30,
+        eventually(lambda: any(said in e.message for e in refusals(client)), timeout=30,
                  what=f"a DriverReloadRefused Event on {NODE} saying {said!r}")
         report = diagnose(kubeconfig)
         assert "holds the driver reload" in report and said in report and fix in report, report
     finally:
         undo()
-    wait_for(lambda: upgraded(client, cluster, new), timeout=120,
+    eventually(lambda: upgraded(client, cluster, new), timeout=120,
              what=f"{NODE} upgraded to {new} once the cause is gone")
     assert PREFLIGHT_ANNOTATION not in annotations(client)
     assert operator.proc.poll() is None and operator.proc.pid == operator_pid

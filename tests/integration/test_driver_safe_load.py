@@ -4,13 +4,12 @@ unloads nothing until the upgrade controller (here: the test, as an operator wou
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from lightkube import Client
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
+from tests.eventually import until
 
 from nicop.kube.client import ApiClient
 from nicop.node.driver import (
@@ -31,13 +30,6 @@ def annotations(client: Client) -> dict[str, str]:
     return dict(client.get(Node, NODE).metadata.annotations or {})
 
 
-async def until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not await asyncio.to_thread(check):
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        await asyncio.sleep(0.1)
-
-
 def test_safe_load_blocks_until_the_annotation_is_removed(
     client: Client, kubeconfig: Path, tmp_path: Path
 ) -> None:
@@ -55,7 +47,7 @@ def test_safe_load_blocks_until_the_annotation_is_removed(
             stop = asyncio.Event()
             task = asyncio.create_task(agent.run(stop))
             await until(lambda: SAFE_LOAD_ANNOTATION in annotations(client), 20,
-                        "the safe-load annotation on the node")
+                        "the safe-load annotation on the node", blocking=True)
             assert annotations(client)[SAFE_LOAD_ANNOTATION] == "true"
             await asyncio.sleep(1.5)  # several polls: still waiting, nothing unloaded
             assert not task.done()
@@ -70,7 +62,7 @@ def test_safe_load_blocks_until_the_annotation_is_removed(
                 {"metadata": {"annotations": {SAFE_LOAD_ANNOTATION: None}}},
                 patch_type=PatchType.MERGE)
             await until(lambda: host.exists(READY_FILE) or task.done(), 20,
-                        "the readiness file")
+                        "the readiness file", blocking=True)
             assert not task.done(), task.exception()
             assert kernel.version("mlx5_core") == NEW
             assert "rmmod mlx5_core" in backend.commands

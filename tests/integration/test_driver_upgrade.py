@@ -21,6 +21,7 @@ import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.policy_v1 import PodDisruptionBudget
+from tests.eventually import eventually
 from tests.integration.driver_upgrades import (
     WORK,
     NicClusterPolicy,
@@ -31,7 +32,7 @@ from tests.integration.driver_upgrades import (
     upgrade_operator,
     wait_running,
 )
-from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
+from tests.integration.operator_process import NAMESPACE, OperatorProcess
 from tests.integration.watching import Watch
 
 from nicop_sim.cluster import LocalCluster
@@ -117,7 +118,7 @@ def workloads(client: Client, pdb_blocks_one_node: bool = False) -> None:
 
 def start(client: Client, policy: dict[str, Any]) -> None:
     client.apply(NicClusterPolicy(**policy), field_manager="test", force=True)
-    wait_for(lambda: set(states(client).values()) == {"upgrade-done"}, 120,
+    eventually(lambda: set(states(client).values()) == {"upgrade-done"}, 120,
              "every node upgrade-done before the bump")
 
 
@@ -141,13 +142,13 @@ def test_rollout_respects_limits_and_finishes(bclient: Client, op: OperatorProce
     start(bclient, POLICY)
     observer = Observer(bclient)
     bump(bclient, POLICY)
-    wait_for(lambda: rolled_out(bclient), 300, "the rollout to finish")
+    eventually(lambda: rolled_out(bclient), 300, "the rollout to finish")
     observer.stop()
     assert 1 <= observer.max_cordoned <= 3, "maxParallelUpgrades 3 (and 20% of 30 = 6)"
     assert replaced_once(observer), \
         "each node's driver pod is replaced exactly once"
     # The policy's status follows the node labels at its next reconcile.
-    wait_for(lambda: (bclient.get(NicClusterPolicy, "nic-cluster-policy").get("status") or {})
+    eventually(lambda: (bclient.get(NicClusterPolicy, "nic-cluster-policy").get("status") or {})
              .get("driverUpgrade", {}).get("done") == NODES, 30, "the status to count every node")
 
 
@@ -159,7 +160,7 @@ def test_a_pdb_that_forbids_eviction_fails_only_its_node(
     workloads(bclient, pdb_blocks_one_node=True)
     start(bclient, policy)
     bump(bclient, policy)
-    blocked = wait_for(lambda: (bclient.get(Node, "node-7").metadata.annotations or {}).get(
+    blocked = eventually(lambda: (bclient.get(Node, "node-7").metadata.annotations or {}).get(
         "nicop.io/ofed-driver-upgrade-drain-blocked"), 60, "node-7's drain shown as blocked")
     # The API server's words name the budget (details.causes of the 429).
     assert "work/stuck-" in blocked and "The disruption budget stuck needs 1 healthy" in blocked
@@ -170,8 +171,8 @@ def test_a_pdb_that_forbids_eviction_fails_only_its_node(
         return s["node-7"] == "upgrade-failed" and all(
             v == "upgrade-done" for k, v in s.items() if k != "node-7")
 
-    wait_for(settled, 300, "node-7 to fail and the rest to finish")
-    status = wait_for(lambda: (bclient.get(NicClusterPolicy, "nic-cluster-policy")["status"]
+    eventually(settled, 300, "node-7 to fail and the rest to finish")
+    status = eventually(lambda: (bclient.get(NicClusterPolicy, "nic-cluster-policy")["status"]
                                .get("driverUpgrade") or {}).get("failed") == 1 and
                       bclient.get(NicClusterPolicy, "nic-cluster-policy")["status"], 30, "status")
     failure = status["driverUpgrade"]["failedNodes"][0]
@@ -204,7 +205,7 @@ def test_a_failed_node_is_retried_with_back_off_then_waits_for_nicop_upgrade_ret
             failed = (status.get("driverUpgrade") or {}).get("failedNodes") or []
             return failed[0] if held and failed and failed[0].get("attempts") == 3 else None
 
-        failure = wait_for(out_of_retries, 300, "node-7 failed three times, no retry left")
+        failure = eventually(out_of_retries, 300, "node-7 failed three times, no retry left")
         assert failure["name"] == "node-7" and "nextRetry" not in failure
         assert "work/stuck-" in failure["reason"], failure
         retries = [e for e in bclient.list(Event, namespace="default",
@@ -218,7 +219,7 @@ def test_a_failed_node_is_retried_with_back_off_then_waits_for_nicop_upgrade_ret
         bclient.delete(PodDisruptionBudget, "stuck", namespace=WORK)
         said = nicop(big[0], "upgrade", "retry", "node-7")
         assert "re-armed; the operator retries it from drain-required now" in said, said
-        wait_for(lambda: rolled_out(bclient), 300, "node-7 upgraded after the retry")
+        eventually(lambda: rolled_out(bclient), 300, "node-7 upgraded after the retry")
         annotations = bclient.get(Node, "node-7").metadata.annotations or {}
         assert not [k for k in annotations if k.startswith("nicop.io/ofed-driver-upgrade-")]
         assert proc.proc.poll() is None
@@ -247,11 +248,11 @@ def test_operator_restart_mid_rollout_resumes_without_repeating(
         values = list(states(bclient).values())
         return values.count("upgrade-required") >= 10 and any(v in in_progress for v in values)
 
-    wait_for(under_way, 120, "the rollout to be under way")
+    eventually(under_way, 120, "the rollout to be under way")
     op.stop()  # SIGTERM in the middle of the rollout
     time.sleep(2)
     op.restart()
-    wait_for(lambda: rolled_out(bclient), 300, "the rollout to finish after the restart")
+    eventually(lambda: rolled_out(bclient), 300, "the rollout to finish after the restart")
     observer.stop()
     assert replaced_once(observer), \
         "no node is upgraded twice"
@@ -274,16 +275,16 @@ def test_a_set_based_drain_selector_evicts_exactly_the_pods_it_names(
     before = {p.metadata.uid: p.metadata.labels["app"] for p in bclient.list(Pod, namespace=WORK)}
     policy["spec"]["ofedDriver"]["upgradePolicy"]["drain"]["podSelector"] = "app in (train,infer"
     bumped = bump(bclient, policy)
-    event = wait_for(lambda: next((e for e in bclient.list(Event, namespace="default")
+    event = eventually(lambda: next((e for e in bclient.list(Event, namespace="default")
                                    if e.reason == "InvalidUpgradePolicy"), None), 60,
                      "the InvalidUpgradePolicy Event")
     assert "upgradePolicy.drain.podSelector" in event.message, event.message
-    ofed = wait_for(lambda: ofed_error(bclient), 60, "state-OFED in error")
+    ofed = eventually(lambda: ofed_error(bclient), 60, "state-OFED in error")
     assert "spec.ofedDriver.upgradePolicy.drain.podSelector: " in ofed, ofed
     assert set(states(bclient).values()) == {"upgrade-done"}, "no node moves while it is held"
     bumped["spec"]["ofedDriver"]["upgradePolicy"]["drain"]["podSelector"] = "app in (train,infer)"
     bclient.apply(NicClusterPolicy(**bumped), field_manager="test", force=True)
-    wait_for(lambda: rolled_out(bclient), 300, "the rollout to finish")
+    eventually(lambda: rolled_out(bclient), 300, "the rollout to finish")
     after = {p.metadata.uid for p in bclient.list(Pod, namespace=WORK)}
     assert {app for uid, app in before.items() if uid in after} == {"web"}
     assert {app for uid, app in before.items() if uid not in after} == {"train", "infer"}
@@ -302,12 +303,12 @@ def test_turning_auto_upgrade_off_stops_and_cleans_up(
     workloads(bclient)
     start(bclient, POLICY)
     bumped = bump(bclient, POLICY)
-    wait_for(lambda: any(v in ("cordon-required", "wait-for-jobs-required", "drain-required",
+    eventually(lambda: any(v in ("cordon-required", "wait-for-jobs-required", "drain-required",
                                "pod-restart-required") for v in states(bclient).values()),
              60, "a node in progress")
     bumped["spec"]["ofedDriver"]["upgradePolicy"]["autoUpgrade"] = False
     bclient.apply(NicClusterPolicy(**bumped), field_manager="test", force=True)
-    wait_for(lambda: set(states(bclient).values()) == {None}, 60, "upgrade labels removed")
+    eventually(lambda: set(states(bclient).values()) == {None}, 60, "upgrade labels removed")
     time.sleep(3)
     assert set(states(bclient).values()) == {None}, "no node starts after autoUpgrade is off"
     assert not any(n.spec.unschedulable for n in bclient.list(Node)), "nothing left cordoned"
@@ -329,7 +330,7 @@ def test_max_unavailable_counts_nodes_already_down_and_keeps_them_cordoned(
         return (len(pods) == NODES and all(NEW_VERSION in p.spec.containers[0].image for p in pods)
                 and set(states(bclient).values()) == {"upgrade-done"})
 
-    wait_for(finished, 300, "the rollout to finish")
+    eventually(finished, 300, "the rollout to finish")
     observer.stop()
     assert observer.max_cordoned <= 4, "node-5 plus at most 3 upgrading nodes"
     cordoned = sorted(n.metadata.name for n in bclient.list(Node) if n.spec.unschedulable)
@@ -357,7 +358,7 @@ def test_operator_sigkilled_at_random_moments_of_2_rollouts_upgrades_each_node_o
     workloads(bclient)
     start(bclient, POLICY)
     observer = Observer(bclient)
-    wait_for(lambda: len(observer.driver_pods) == NODES, 30, "the observer to see every pod")
+    eventually(lambda: len(observer.driver_pods) == NODES, 30, "the observer to see every pod")
     try:
         for seed in range(2):
             rng = random.Random(seed)
@@ -373,12 +374,13 @@ def test_operator_sigkilled_at_random_moments_of_2_rollouts_upgrades_each_node_o
                 return sum(v == "upgrade-done" and n in upgraded for n, v in now.items()) \
                     >= done and any(v in IN_PROGRESS for v in now.values())
 
-            wait_for(kill_moment, 120, f"seed {seed}: {done_before_kill} nodes done, one under way")
+            eventually(kill_moment, 120,
+                       f"seed {seed}: {done_before_kill} nodes done, one under way")
             op.stop(signal.SIGKILL)
             op.restart()
-            wait_for(lambda version=version: rolled_out(bclient, version), 300,
+            eventually(lambda version=version: rolled_out(bclient, version), 300,
                      f"seed {seed}: the rollout to {version} to finish after the kill")
-            wait_for(lambda before=before: not upgraded_once(observer, before), 30,
+            eventually(lambda before=before: not upgraded_once(observer, before), 30,
                      f"seed {seed}: the observer to see every new pod")
             assert not upgraded_once(observer, before), f"seed {seed}: not upgraded exactly once"
     finally:
@@ -398,10 +400,10 @@ def test_etcd_paused_5s_mid_rollout_loses_and_repeats_no_transition(
     workloads(bclient)
     start(bclient, POLICY)
     observer = Observer(bclient)
-    wait_for(lambda: len(observer.driver_pods) == NODES, 30, "the observer to see every pod")
+    eventually(lambda: len(observer.driver_pods) == NODES, 30, "the observer to see every pod")
     before = {node: set(uids) for node, uids in observer.driver_pods.items()}
     bump(bclient, POLICY)
-    wait_for(lambda: list(states(bclient).values()).count("upgrade-done") >= 6 and any(
+    eventually(lambda: list(states(bclient).values()).count("upgrade-done") >= 6 and any(
         v in IN_PROGRESS for v in states(bclient).values()), 120, "the rollout under way")
     etcd = big[0].state().processes["etcd"].pid
     os.kill(etcd, signal.SIGSTOP)
@@ -409,8 +411,8 @@ def test_etcd_paused_5s_mid_rollout_loses_and_repeats_no_transition(
         time.sleep(5)  # the fault itself: etcd answers nothing for 5 s
     finally:
         os.kill(etcd, signal.SIGCONT)
-    wait_for(lambda: rolled_out(bclient), 300, "the rollout to finish after the pause")
-    wait_for(lambda: not upgraded_once(observer, before), 30, "the observer to see every pod")
+    eventually(lambda: rolled_out(bclient), 300, "the rollout to finish after the pause")
+    eventually(lambda: not upgraded_once(observer, before), 30, "the observer to see every pod")
     observer.stop()
     assert op.proc.poll() is None, "the operator kept running"
     assert not upgraded_once(observer, before), "every node upgraded exactly once"

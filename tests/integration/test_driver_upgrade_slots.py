@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Node, Pod
+from tests.eventually import eventually
 from tests.integration.driver_upgrades import (
     NicClusterPolicy,
     budget,
@@ -25,7 +26,7 @@ from tests.integration.driver_upgrades import (
     upgrade_operator,
     wait_running,
 )
-from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
+from tests.integration.operator_process import NAMESPACE, OperatorProcess
 from tests.integration.watching import Watch
 
 from nicop_sim.cluster import LocalCluster
@@ -111,7 +112,7 @@ def test_a_failed_node_keeps_its_slot_so_at_most_3_nodes_are_ever_cordoned(
     the whole rollout, never more than 3 nodes are cordoned; the 9 others finish."""
     workloads(client)
     client.apply(NicClusterPolicy(**policy(OLD)), field_manager="test", force=True)
-    wait_for(lambda: set(states(client).values()) == {"upgrade-done"}
+    eventually(lambda: set(states(client).values()) == {"upgrade-done"}
              and len(driver_versions(client)) == NODES, 120, "every node upgrade-done at first")
     watch = CordonWatch(client)
     try:
@@ -127,7 +128,7 @@ def test_a_failed_node_keeps_its_slot_so_at_most_3_nodes_are_ever_cordoned(
                     and [n.metadata.name for n in client.list(Node) if n.spec.unschedulable]
                     == [BLOCKED])
 
-        wait_for(finished, 300, f"{BLOCKED} to fail and the 9 others to finish")
+        eventually(finished, 300, f"{BLOCKED} to fail and the 9 others to finish")
     finally:
         samples = watch.stop()
     worst = max(samples, key=len)

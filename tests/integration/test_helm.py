@@ -34,7 +34,7 @@ from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Namespace, Node
 from lightkube.resources.rbac_authorization_v1 import ClusterRole
-from tests.integration.operator_process import wait_for
+from tests.eventually import eventually
 from tests.monitoring import exported_series, selected_metrics
 
 from nicop.kube.client import FIELD_MANAGER
@@ -558,7 +558,7 @@ def test_operator_writes_only_its_own_drivers_device_classes(
                 return e.status.message if e.status.code == 403 else None
             return None
 
-        said = wait_for(refused, 30, "the admission policy to refuse the operator")
+        said = eventually(refused, 30, "the admission policy to refuse the operator")
         assert "nicop writes only the DeviceClasses of its DRA driver" in said, said
         with pytest.raises(ApiError) as deleting:
             operator.delete(DeviceClass, "gpu.nvidia.com")
@@ -735,13 +735,16 @@ def operator_as(helm: Path, installed: Installed, log: Path) -> Iterator[int]:
         except OSError:
             return False
 
+    def alive() -> None:
+        assert proc.poll() is None, f"operator exited:\n{refusals(log)}"
+
     try:
-        deadline = time.monotonic() + 30
-        while not (http_status(f"http://127.0.0.1:{port}/readyz") == 200
-                   and leads(f"http://127.0.0.1:{port}/metrics")):
-            assert proc.poll() is None, f"operator exited:\n{refusals(log)}"
-            assert time.monotonic() < deadline, f"not ready in 30s:\n{refusals(log)}"
-            time.sleep(0.2)
+        try:
+            eventually(lambda: http_status(f"http://127.0.0.1:{port}/readyz") == 200
+                       and leads(f"http://127.0.0.1:{port}/metrics"), 30,
+                       "the operator leading with its caches synced", alive=alive)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{refusals(log)}") from None
         yield port
     finally:
         if proc.poll() is None:

@@ -22,7 +22,7 @@ from lightkube.models.core_v1 import Container, PodSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
-from tests.integration.operator_process import wait_for
+from tests.eventually import eventually
 from tests.netns.cni_harness import DaemonThread
 
 from nicop.api.nodes import ipam_usage
@@ -132,7 +132,7 @@ def test_nodes_get_disjoint_blocks_and_allocate_from_them(
     create(client, IPPool, "rdma-pool", namespace, {
         "subnet": "192.168.0.0/16", "perNodeBlockSize": 254, "gateway": "192.168.0.1",
         "nodeSelector": by_label})
-    blocks = wait_for(lambda: allocations(client, IPPool, "rdma-pool", namespace), 30,
+    blocks = eventually(lambda: allocations(client, IPPool, "rdma-pool", namespace), 30,
                       "IPPool blocks")
     labelled = sorted(n.metadata.name for n in client.list(Node)
                       if (n.metadata.labels or {}).get(MELLANOX) == "true")
@@ -147,7 +147,7 @@ def test_nodes_get_disjoint_blocks_and_allocate_from_them(
     try:
         got = {}
         for daemon, block in zip((first, second), blocks, strict=False):
-            rc, out = wait_for(lambda d=daemon: (r := d.add("rdma-pool", "c1"))[0] == 0 and r,
+            rc, out = eventually(lambda d=daemon: (r := d.add("rdma-pool", "c1"))[0] == 0 and r,
                                30, f"an address on {daemon.node}")
             address = ipaddress.ip_interface(out["ips"][0]["address"])
             start, end = (ipaddress.ip_address(block[k]) for k in ("startIP", "endIP"))
@@ -167,7 +167,7 @@ def test_nodes_get_disjoint_blocks_and_allocate_from_them(
         create(client, IPPool, "small", namespace, {"subnet": "10.0.0.0/24",
                                                     "perNodeBlockSize": 16,
                                                     "nodeSelector": by_name})
-        wait_for(lambda: allocations(client, IPPool, "small", namespace), 30, "small pool")
+        eventually(lambda: allocations(client, IPPool, "small", namespace), 30, "small pool")
         rc, out = first.add("small", "c3")
         assert (rc, out["code"]) == (1, 11), "the first node has no block of it"
         assert out["msg"] == f"IPPool {namespace}/small has no block for node {first.node} yet"
@@ -176,11 +176,11 @@ def test_nodes_get_disjoint_blocks_and_allocate_from_them(
             {"key": "metadata.name", "operator": "In", "values": [labelled[0]]}]})
         client.patch(IPPool, "small", {"spec": {"nodeSelector": by_name}}, namespace=namespace,
                      patch_type=PatchType.MERGE)
-        small = wait_for(lambda: len(b := allocations(client, IPPool, "small", namespace)) == 2
+        small = eventually(lambda: len(b := allocations(client, IPPool, "small", namespace)) == 2
                          and b, 30, "a block for the newly selected node")
         assert {b["nodeName"]: b["startIP"] for b in small} == {
             labelled[1]: "10.0.0.1", labelled[0]: "10.0.0.17"}
-        rc, out = wait_for(lambda: (r := first.add("small", "c3"))[0] == 0 and r, 30,
+        rc, out = eventually(lambda: (r := first.add("small", "c3"))[0] == 0 and r, 30,
                            "an address from the new block")
         assert out["ips"][0]["address"] == "10.0.0.17/24"
     finally:
@@ -195,14 +195,14 @@ def test_cidrpool_prefixes(
         "cidr": "10.10.0.0/16", "perNodeNetworkPrefix": 24, "gatewayIndex": 1,
         "routes": [{"dst": "10.200.0.0/16"}],
         "staticAllocations": [{"nodeName": "node-2", "prefix": "10.10.255.0/24"}]})
-    prefixes = wait_for(lambda: len(a := allocations(client, CIDRPool, "ib-pool", namespace))
+    prefixes = eventually(lambda: len(a := allocations(client, CIDRPool, "ib-pool", namespace))
                         == 4 and a, 30, "CIDRPool prefixes")
     assert {a["nodeName"]: (a["prefix"], a["gateway"]) for a in prefixes} == {
         "node-1": ("10.10.0.0/24", "10.10.0.1"), "node-2": ("10.10.255.0/24", "10.10.255.1"),
         "node-3": ("10.10.1.0/24", "10.10.1.1"), "node-4": ("10.10.2.0/24", "10.10.2.1")}
     daemon = NodeDaemon(kubeconfig, namespace, "node-2")
     try:
-        _, out = wait_for(lambda: (r := daemon.add("ib-pool", "c1", pool_type="cidrpool"))[0]
+        _, out = eventually(lambda: (r := daemon.add("ib-pool", "c1", pool_type="cidrpool"))[0]
                            == 0 and r, 30, "an address from the CIDRPool")
         assert out["ips"] == [{"address": "10.10.255.2/24", "gateway": "10.10.255.1"}]
         assert out["routes"] == [{"dst": "10.200.0.0/16", "gw": "10.10.255.1"}]
@@ -214,7 +214,7 @@ def test_the_cleaner_frees_the_address_of_a_deleted_pod(
     client: Client, kubeconfig: Path, namespace: str, controller: ControllerThread
 ) -> None:
     create(client, IPPool, "pool", namespace, {"subnet": "10.20.0.0/16", "perNodeBlockSize": 100})
-    wait_for(lambda: allocations(client, IPPool, "pool", namespace), 30, "blocks")
+    eventually(lambda: allocations(client, IPPool, "pool", namespace), 30, "blocks")
     pod = client.create(Pod(metadata=ObjectMeta(name="worker", namespace=namespace),
                             spec=PodSpec(nodeName="node-1", containers=[
                                 Container(name="c", image="busybox")])))
@@ -222,7 +222,7 @@ def test_the_cleaner_frees_the_address_of_a_deleted_pod(
     uid = pod.metadata.uid or ""
     daemon = NodeDaemon(kubeconfig, namespace, "node-1", cleaner_interval=0.2, cleaner_checks=2)
     try:
-        wait_for(lambda: daemon.add("pool", "alive", "worker", namespace, uid)[0] == 0, 30,
+        eventually(lambda: daemon.add("pool", "alive", "worker", namespace, uid)[0] == 0, 30,
                  "an address")
         # Same name, another UID: the pod it was given to was replaced by a new one.
         assert daemon.add("pool", "replaced", "worker", namespace, "old-uid")[0] == 0
@@ -231,13 +231,13 @@ def test_the_cleaner_frees_the_address_of_a_deleted_pod(
         def holders() -> set[str]:
             return {r.container_id for r in daemon.daemon.store.snapshot()["pool"]}
 
-        wait_for(lambda: holders() == {"alive"}, 30, "stale addresses freed")
-        usage = wait_for(lambda: ipam_usage(client.get(Node, "node-1").to_dict()).get("pool"),
+        eventually(lambda: holders() == {"alive"}, 30, "stale addresses freed")
+        usage = eventually(lambda: ipam_usage(client.get(Node, "node-1").to_dict()).get("pool"),
                          30, "usage on the node")
         assert usage == {"allocated": 1, "size": 100}
 
         client.delete(Pod, "worker", namespace=namespace, grace_period=0)
-        wait_for(lambda: holders() == set(), 60, "the deleted pod's address freed")
+        eventually(lambda: holders() == set(), 60, "the deleted pod's address freed")
         assert daemon.add("pool", "next", "other", namespace)[0] == 0
     finally:
         daemon.close()
@@ -283,7 +283,7 @@ def test_node_main_flows(client: Client, kubeconfig: Path, namespace: str,
     try:
         pools = daemon.daemon.ipam.pools
         # Both kinds listed (the IPPools and CIDRPools share names: known() counts 2 of each).
-        wait_for(lambda: pools.synced and len(pools.known()) == 2, 30, "the node's blocks")
+        eventually(lambda: pools.synced and len(pools.known()) == 2, 30, "the node's blocks")
         for pool_type, ips in expected.items():
             def call(command: str, t: str = pool_type) -> tuple[int, Any]:
                 return daemon.call(command, "my-pool-1,my-pool-2", "id1", "test-pod", namespace,
@@ -321,7 +321,7 @@ def test_the_cleaner_keeps_and_frees_as_nv_ipam(client: Client, kubeconfig: Path
     daemon = NodeDaemon(kubeconfig, namespace, node, cleaner_interval=0.2, cleaner_checks=2)
     store = daemon.daemon.store
     try:
-        wait_for(lambda: "pool3" in daemon.daemon.ipam.pools.known(), 30, "pool3's block")
+        eventually(lambda: "pool3" in daemon.daemon.ipam.pools.known(), 30, "pool3's block")
         with daemon.daemon.ipam.lock, store.transaction():
             store.reserve("pool1", Reservation("id1", "net0", "192.168.1.100", "test-pod1",
                                                namespace, uids["test-pod1"]))
@@ -338,7 +338,7 @@ def test_the_cleaner_keeps_and_frees_as_nv_ipam(client: Client, kubeconfig: Path
             snap = store.snapshot()
             return {r.container_id for rs in snap.values() for r in rs}, sorted(snap)
 
-        wait_for(lambda: state() == ({"id1", "id2"}, ["pool1", "pool3"]), 30,
+        eventually(lambda: state() == ({"id1", "id2"}, ["pool1", "pool3"]), 30,
                  "stale reservations freed and pool2 removed")
         data = json.loads(store.path.read_text())
         assert sorted(data["pools"]) == ["pool1", "pool3"]
@@ -396,7 +396,7 @@ def ippool_flows(client: Client, namespace: str, selector_key: str,
                  node1: dict[str, dict[str, str]]) -> None:
     nodes = sorted(n.metadata.name for n in client.list(Node) if n.metadata and n.metadata.name)
     for name in ("my-pool-1", "my-pool-2"):
-        blocks = wait_for(lambda n=name: len(a := allocations(client, IPPool, n, namespace))
+        blocks = eventually(lambda n=name: len(a := allocations(client, IPPool, n, namespace))
                           == len(nodes) and a, 30, f"{name}: a block per node")
         assert node1[name] in blocks, "node-1 keeps its block"
         ends = [b[k] for b in blocks for k in ("startIP", "endIP")]
@@ -404,7 +404,7 @@ def ippool_flows(client: Client, namespace: str, selector_key: str,
 
     client.patch(IPPool, "my-pool-1", {"spec": {"gateway": "10.10.0.1"}}, namespace=namespace,
                  patch_type=PatchType.MERGE)
-    status = wait_for(lambda: (s := pool_status(client, IPPool, "my-pool-1", namespace))
+    status = eventually(lambda: (s := pool_status(client, IPPool, "my-pool-1", namespace))
                       .get("allocations") == [] and s, 30, "an invalid pool's blocks taken back")
     assert allocated(status)["reason"] == "InvalidSpec"
     assert allocated(status)["message"] == "spec.gateway: 10.10.0.1 is not in the subnet " \
@@ -414,7 +414,7 @@ def ippool_flows(client: Client, namespace: str, selector_key: str,
         "subnet": "172.17.0.0/24", "gateway": "172.17.0.1", "perNodeBlockSize": 100,
         "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
             {"key": selector_key, "operator": "In", "values": ["true"]}]}]}})
-    status = wait_for(lambda: allocated(pool_status(client, IPPool, "my-pool-3", namespace))
+    status = eventually(lambda: allocated(pool_status(client, IPPool, "my-pool-3", namespace))
                       and pool_status(client, IPPool, "my-pool-3", namespace), 30,
                       "the pool reconciled")
     assert status["allocations"] == []
@@ -425,18 +425,18 @@ def ippool_flows(client: Client, namespace: str, selector_key: str,
             client, IPPool, "my-pool-3", namespace) if a["nodeName"] == node), None)
 
     label(client, "node-1", selector_key, "true")
-    assert wait_for(lambda: block_of("node-1"), 30, "node-1's block") == \
+    assert eventually(lambda: block_of("node-1"), 30, "node-1's block") == \
         "172.17.0.1-172.17.0.100"
     label(client, "node-2", selector_key, "true")
-    assert wait_for(lambda: block_of("node-2"), 30, "node-2's block") == \
+    assert eventually(lambda: block_of("node-2"), 30, "node-2's block") == \
         "172.17.0.101-172.17.0.200"
     label(client, "node-3", selector_key, "true")
-    status = wait_for(lambda: allocated(s := pool_status(client, IPPool, "my-pool-3", namespace))
+    status = eventually(lambda: allocated(s := pool_status(client, IPPool, "my-pool-3", namespace))
                       .get("reason") == "NoFreeRanges" and s, 30, "node-3 waiting for a block")
     assert block_of("node-3") is None
     assert allocated(status)["message"].startswith("1 of 3 selected nodes have no block (node-3)")
     label(client, "node-2", selector_key, None)
-    assert wait_for(lambda: block_of("node-3"), 30, "node-3's block") == \
+    assert eventually(lambda: block_of("node-3"), 30, "node-3's block") == \
         "172.17.0.101-172.17.0.200", "node-3 takes the block node-2 left"
 
 
@@ -468,7 +468,7 @@ def cidrpool_flows(client: Client, namespace: str, selector_key: str,
                    node1: dict[str, dict[str, str]]) -> None:
     nodes = sorted(n.metadata.name for n in client.list(Node) if n.metadata and n.metadata.name)
     for name in ("my-pool-1", "my-pool-2"):
-        got = wait_for(lambda n=name: len(a := allocations(client, CIDRPool, n, namespace))
+        got = eventually(lambda n=name: len(a := allocations(client, CIDRPool, n, namespace))
                        == len(nodes) and a, 30, f"{name}: a prefix per node")
         assert node1[name] in got, "node-1 keeps its prefix"
     pool1 = allocations(client, CIDRPool, "my-pool-1", namespace)
@@ -479,7 +479,7 @@ def cidrpool_flows(client: Client, namespace: str, selector_key: str,
         "cidr": "192.168.0.0/16", "perNodeNetworkPrefix": 99, "gatewayIndex": None,
         "exclusions": None, "staticAllocations": None}}, namespace=namespace,
         patch_type=PatchType.MERGE)
-    status = wait_for(lambda: (s := pool_status(client, CIDRPool, "my-pool-1", namespace))
+    status = eventually(lambda: (s := pool_status(client, CIDRPool, "my-pool-1", namespace))
                       .get("allocations") == [] and s, 30, "an invalid pool's prefixes taken back")
     assert allocated(status)["message"] == ("spec.perNodeNetworkPrefix: 99 must be between 16 "
                                             "(the prefix length of spec.cidr) and 32")
@@ -494,12 +494,12 @@ def cidrpool_flows(client: Client, namespace: str, selector_key: str,
                      if a["nodeName"] == node), None)
 
     label(client, "node-1", selector_key, "true")
-    assert wait_for(lambda: prefix_of("node-1"), 30, "node-1's prefix") == "10.10.0.0/25"
+    assert eventually(lambda: prefix_of("node-1"), 30, "node-1's prefix") == "10.10.0.0/25"
     label(client, "node-2", selector_key, "true")
-    assert wait_for(lambda: prefix_of("node-2"), 30, "node-2's prefix") == "10.10.0.128/25"
+    assert eventually(lambda: prefix_of("node-2"), 30, "node-2's prefix") == "10.10.0.128/25"
     label(client, "node-3", selector_key, "true")
-    wait_for(lambda: allocated(pool_status(client, CIDRPool, "my-pool-3", namespace))
+    eventually(lambda: allocated(pool_status(client, CIDRPool, "my-pool-3", namespace))
              .get("reason") == "NoFreePrefixes", 30, "node-3 waiting for a prefix")
     assert prefix_of("node-3") is None
     label(client, "node-2", selector_key, None)
-    assert wait_for(lambda: prefix_of("node-3"), 30, "node-3's prefix") == "10.10.0.128/25"
+    assert eventually(lambda: prefix_of("node-3"), 30, "node-3's prefix") == "10.10.0.128/25"

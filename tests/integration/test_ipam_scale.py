@@ -18,7 +18,7 @@ from lightkube import Client
 from lightkube.core.exceptions import ApiError
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node
-from tests.integration.operator_process import wait_for
+from tests.eventually import eventually
 from tests.integration.test_ipam_pools import IPPool, allocations, controller, create
 
 __all__ = ["controller"]  # the fixture, used by name
@@ -67,7 +67,7 @@ def test_an_exclusion_over_the_first_blocks_on_1000_nodes(
         blocks = status.get("allocations") or []
         return blocks if ok and len(blocks) == NODES else None
 
-    blocks = wait_for(allocated, 120, "a block for each of the 1000 nodes")
+    blocks = eventually(allocated, 120, "a block for each of the 1000 nodes")
     took = time.monotonic() - began
     first = int(ipaddress.ip_address("10.0.3.225"))
     assert [b["nodeName"] for b in blocks] == many_nodes

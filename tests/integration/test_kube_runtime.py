@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from tests.eventually import until
 
 from nicop.kube.client import ApiClient
 from nicop.kube.events import EventRecorder
@@ -34,14 +35,6 @@ def run(kubeconfig: Path, body: Callable[[ApiClient], Awaitable[T]]) -> T:
             await client.close()
 
     return asyncio.run(main())
-
-
-async def until(predicate: Callable[[], Any], timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)
 
 
 def configmap(name: str, namespace: str, **labels: str) -> dict[str, Any]:

@@ -7,7 +7,6 @@ import asyncio
 import json
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from lightkube import Client
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
+from tests.eventually import until
 
 from nicop.node.deviceplugin.rdma import RdmaAgent, load_config
 from nicop.node.deviceplugin.server import DEVICE_PLUGIN_PATH
@@ -33,14 +33,6 @@ def root() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="node-", dir="/tmp"))
     yield path
     shutil.rmtree(path)
-
-
-async def until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not await asyncio.to_thread(check):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.2)
 
 
 def test_node_status_follows_the_plugins(
@@ -74,7 +66,8 @@ def test_node_status_follows_the_plugins(
                                            poll_interval=0.2).run(stop)),
         ]
         try:
-            await until(node_has({RDMA: "10", VF: "4"}), 30, "the node's allocatable")
+            await until(node_has({RDMA: "10", VF: "4"}), 30, "the node's allocatable",
+                        blocking=True)
             status = (await asyncio.to_thread(client.get, Node, NODE)).status
             assert status is not None and status.capacity is not None
             assert status.capacity[RDMA] == "10" and status.capacity[VF] == "4"
@@ -90,14 +83,15 @@ def test_node_status_follows_the_plugins(
             def scheduled() -> bool:
                 spec = client.get(Pod, "rdma-test", namespace=namespace).spec
                 return spec is not None and spec.nodeName is not None
-            await until(scheduled, 30, "the pod to be scheduled")
+            await until(scheduled, 30, "the pod to be scheduled", blocking=True)
             placed = await asyncio.to_thread(client.get, Pod, "rdma-test", namespace=namespace)
             assert placed.spec is not None and placed.spec.nodeName == NODE
 
             host.set_link("enp59s0f0np0", False)  # the VFs' PF
-            await until(node_has({RDMA: "10", VF: "0"}), 10, "the VFs to become unallocatable")
+            await until(node_has({RDMA: "10", VF: "0"}), 10, "the VFs to become unallocatable",
+                        blocking=True)
             host.set_link("enp59s0f0np0", True)
-            await until(node_has({RDMA: "10", VF: "4"}), 10, "the VFs to come back")
+            await until(node_has({RDMA: "10", VF: "4"}), 10, "the VFs to come back", blocking=True)
             await asyncio.sleep(5)  # kwok updates nodes on its own; it must keep these
             assert await asyncio.to_thread(node_has({RDMA: "10", VF: "4"}))
         finally:
@@ -152,7 +146,7 @@ def test_a_pod_bound_while_its_plugin_is_away_fails_and_the_next_gets_devices(
             await kubelet.wait_for(lambda: kubelet.allocatable().get(RDMA) == 0, 30)
             await asyncio.to_thread(client.create, bound_pod("in-the-gap"))
             await until(lambda: pod_status("in-the-gap")[0] == "Failed", 30,
-                        "the pod bound in the gap to fail")
+                        "the pod bound in the gap to fail", blocking=True)
             _, reason, message = await asyncio.to_thread(pod_status, "in-the-gap")
             assert reason == "UnexpectedAdmissionError"
             assert message and RDMA in message
@@ -161,7 +155,8 @@ def test_a_pod_bound_while_its_plugin_is_away_fails_and_the_next_gets_devices(
             tasks.append(plugin(second_stop))  # ... and back
             await kubelet.wait_for(lambda: kubelet.allocatable().get(RDMA) == 10, 30)
             await asyncio.to_thread(client.create, bound_pod("after-the-gap"))
-            await until(lambda: has_devices("after-the-gap"), 30, "the next pod's devices")
+            await until(lambda: has_devices("after-the-gap"), 30, "the next pod's devices",
+                        blocking=True)
             assert (await asyncio.to_thread(pod_status, "after-the-gap"))[0] != "Failed"
         finally:
             first_stop.set()

@@ -28,8 +28,8 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.core_v1 import Container, PodSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Namespace, Pod, ServiceAccount
+from tests.eventually import eventually
 from tests.fake_cni import calls, install_fake
-from tests.integration.operator_process import wait_for
 
 from nicop.cni.install import install_multus
 from nicop.cni.multus import CACHE_DIR
@@ -58,7 +58,7 @@ def namespace(api: LocalCluster) -> Iterator[str]:
     client: Client = api.client()
     name = f"m-{uuid.uuid4().hex[:8]}"
     client.create(Namespace(metadata=ObjectMeta(name=name)))
-    wait_for(lambda: _exists(client, ServiceAccount, "default", name), 30, "default SA")
+    eventually(lambda: _exists(client, ServiceAccount, "default", name), 30, "default SA")
     yield name
     client.delete(Namespace, name)
 
@@ -114,7 +114,7 @@ class MultusNode:
 
     def start(self) -> None:
         self._thread.start()
-        wait_for(lambda: ((self.root / "run/nicop/multus.sock").exists()
+        eventually(lambda: ((self.root / "run/nicop/multus.sock").exists()
                           and (self.conf_dir / CONF_FILE).exists()) or self._error, 30,
                  "the multus daemon's socket and 00-multus.conf")
         if self._error is not None:
@@ -194,7 +194,7 @@ def test_the_daemon_wraps_the_default_network_in_00_multus_conf(node: MultusNode
     # The default network changes: so does 00-multus.conf.
     changed = {**DEFAULT_NETWORK, "plugins": DEFAULT_NETWORK["plugins"][:1]}
     (node.conf_dir / "10-cbr0.conflist").write_text(json.dumps(changed))
-    wait_for(lambda: json.loads((node.conf_dir / CONF_FILE).read_text())["delegates"]
+    eventually(lambda: json.loads((node.conf_dir / CONF_FILE).read_text())["delegates"]
              == [changed], 10, "00-multus.conf to follow the default network")
     node.stop()
     assert not (node.conf_dir / CONF_FILE).exists(), "--cleanup-config-on-exit"
@@ -252,7 +252,7 @@ def test_a_pod_gets_its_networks_devices_and_network_status(
                        if e.reason == "AddedInterface" and e.involvedObject.name == "trainer")
         return found if len(found) == 4 else None
 
-    assert wait_for(added, 20, "an AddedInterface event per interface") == [
+    assert eventually(added, 20, "an AddedInterface event per interface") == [
         f"Add data0 [192.168.2.10/24] from {namespace}/plain",
         "Add eth0 [10.244.1.5/24] from cbr0",
         f"Add net1 [192.168.1.10/24] from {namespace}/sriov-a",
@@ -262,7 +262,7 @@ def test_a_pod_gets_its_networks_devices_and_network_status(
     # The pod goes first (as when the node's kubelet tears the sandbox down late): DEL works
     # from what ADD recorded, last network first.
     client.delete(Pod, "trainer", namespace=namespace, grace_period=0)
-    wait_for(lambda: not _exists(client, Pod, "trainer", namespace), 30, "the pod to go")
+    eventually(lambda: not _exists(client, Pod, "trainer", namespace), 30, "the pod to go")
     assert node.cni("DEL", p, "c0ffee") == (0, None)
     assert node.calls() == [("fakesriov", "DEL", "net3"), ("fakebridge", "DEL", "data0"),
                             ("fakesriov", "DEL", "net1"), ("faketuning", "DEL", "eth0"),

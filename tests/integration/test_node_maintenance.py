@@ -25,8 +25,9 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
+from tests.eventually import eventually
 from tests.integration.driver_upgrades import WORK, driver_cluster, states, upgrade_operator
-from tests.integration.operator_process import NAMESPACE, wait_for
+from tests.integration.operator_process import NAMESPACE
 from tests.integration.test_driver_upgrade import (
     POLICY,
     Observer,
@@ -111,11 +112,11 @@ def test_requestor_mode_upgrades_each_node_through_one_node_maintenance(
             metadata={"name": "nvidia-operator-node-3", "namespace": "default"},
             spec={"requestorID": OTHER, "nodeName": "node-3", "cordon": True,
                   "drainSpec": {"force": True, "deleteEmptyDir": True, "timeoutSeconds": 90}}))
-        wait_for(lambda: ready(maintenance(client, "node-3")), 120,
+        eventually(lambda: ready(maintenance(client, "node-3")), 120,
                  "the other requestor's maintenance of node-3 Ready")
         observer = Observer(client)
         bump(client, policy)
-        wait_for(lambda: upgraded_but_node_3_held(client), 600, "the rollout to finish")
+        eventually(lambda: upgraded_but_node_3_held(client), 600, "the rollout to finish")
         observer.stop()
         requests.stop()
         # The upgrade joined node-3's maintenance (the watch saw it among its requestors; with
@@ -130,7 +131,7 @@ def test_requestor_mode_upgrades_each_node_through_one_node_maintenance(
         assert held["spec"]["requestorID"] == OTHER
         assert not held["spec"].get("additionalRequestors")  # the upgrade left, did not delete
         client.delete(NodeMaintenance, "nvidia-operator-node-3", namespace="default")
-        wait_for(lambda: not any(n.spec.unschedulable for n in client.list(Node))
+        eventually(lambda: not any(n.spec.unschedulable for n in client.list(Node))
                  and not list(client.list(NodeMaintenance, namespace="default")),
                  120, "node-3 released by its owner and uncordoned")
     client.delete(MaintenanceOperatorConfig, "default", namespace=NAMESPACE)
@@ -162,11 +163,11 @@ def test_requestor_mode_keeps_an_admins_cordon_and_a_blocked_drain_holds_only_it
             others_done = all(v == "upgrade-done" for n, v in s.items() if n != "node-7")
             return text if s["node-7"] == "node-maintenance-required" and others_done else None
 
-        text = wait_for(blocked, 600, "the others upgraded, node-7's drain shown as blocked")
+        text = eventually(blocked, 600, "the others upgraded, node-7's drain shown as blocked")
         assert "NodeMaintenance default/nvidia-operator-node-7" in text
         assert "work/stuck-" in text and "disruption budget stuck" in text, text
         client.delete(PodDisruptionBudget, "stuck", namespace=WORK)
-        wait_for(lambda: set(states(client).values()) == {"upgrade-done"}
+        eventually(lambda: set(states(client).values()) == {"upgrade-done"}
                  and not list(client.list(NodeMaintenance, namespace="default")), 300,
                  "node-7 upgraded once its budget is gone")
         observer.stop()
@@ -272,7 +273,7 @@ def test_sriov_drains_join_the_rollouts_node_maintenances_and_an_operator_kill_d
     with upgrade_operator(local, client, tmp_path / "operator.log", env=env) as op:
         workloads(client)
         start(client, policy)
-        wait_for(lambda: len(list(client.list(SriovNetworkNodeState, namespace=NAMESPACE)))
+        eventually(lambda: len(list(client.list(SriovNetworkNodeState, namespace=NAMESPACE)))
                  == NODES, 60, "a SriovNetworkNodeState per node")
         for node in nodes:
             client.create(Pod(metadata=ObjectMeta(name=f"sync-{node}", namespace=WORK,
@@ -281,10 +282,10 @@ def test_sriov_drains_join_the_rollouts_node_maintenances_and_an_operator_kill_d
                                   Container(name="c", image="registry.local/sync:1")])))
         requests, cordons, observer = Requests(client), Cordons(client), Observer(client)
         bump(client, policy)
-        wait_for(lambda: len(list(client.list(NodeMaintenance, namespace="default"))) == NODES,
+        eventually(lambda: len(list(client.list(NodeMaintenance, namespace="default"))) == NODES,
                  120, "the rollout's NodeMaintenance of every node")
         ask_for_drains(client, "Drain_Required", nodes)
-        wait_for(lambda: all(SRIOV in (nm["spec"].get("additionalRequestors") or [])
+        eventually(lambda: all(SRIOV in (nm["spec"].get("additionalRequestors") or [])
                              and nm["spec"]["requestorID"] == REQUESTOR
                              for nm in client.list(NodeMaintenance, namespace="default")),
                  120, "every SR-IOV drain joining its node's NodeMaintenance")
@@ -295,10 +296,10 @@ def test_sriov_drains_join_the_rollouts_node_maintenances_and_an_operator_kill_d
             finish_reconfigured(client)
             return sum(v == "upgrade-done" for v in states(client).values()) >= done_before_kill
 
-        wait_for(kill_moment, 300, f"seed {seed}: {done_before_kill} nodes upgraded")
+        eventually(kill_moment, 300, f"seed {seed}: {done_before_kill} nodes upgraded")
         op.stop(signal.SIGKILL)
         op.restart()
-        wait_for(lambda: not finish_reconfigured(client)
+        eventually(lambda: not finish_reconfigured(client)
                  and set(states(client).values()) == {"upgrade-done"}
                  and not list(client.list(NodeMaintenance, namespace="default"))
                  and not any(n.spec.unschedulable for n in client.list(Node)),

@@ -12,7 +12,8 @@ import yaml
 from lightkube import Client
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
-from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
+from tests.eventually import eventually
+from tests.integration.operator_process import NAMESPACE, OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 NAD = create_namespaced_resource("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition",
@@ -62,9 +63,9 @@ def test_each_network_example_produces_its_nad(
         apply(client, body)
         name = body["metadata"]["name"]
         try:
-            got = wait_for(lambda n=name: nad_config(client, n, namespace), 30, f"NAD {name}")
+            got = eventually(lambda n=name: nad_config(client, n, namespace), 30, f"NAD {name}")
             assert got == config
-            status = wait_for(lambda b=body: client.get(KINDS[b["kind"]], b["metadata"]["name"])
+            status = eventually(lambda b=body: client.get(KINDS[b["kind"]], b["metadata"]["name"])
                               .get("status"), 30, "status")
             assert status["state"] == "ready"
             link = f"k8s.cni.cncf.io/v1/namespaces/{namespace}/NetworkAttachmentDefinition/{name}"
@@ -75,7 +76,7 @@ def test_each_network_example_produces_its_nad(
                 assert annotations["k8s.v1.cni.cncf.io/resourceName"] == "nvidia.com/cx6dx_vf"
         finally:
             client.delete(KINDS[body["kind"]], name)
-        wait_for(lambda n=name: nad_config(client, n, namespace) is None, 30,
+        eventually(lambda n=name: nad_config(client, n, namespace) is None, 30,
                  f"NAD {name} to go with its network")
 
 
@@ -88,15 +89,15 @@ def test_namespace_move_and_bad_ipam(
     name = body["metadata"]["name"]
     apply(client, body)
     try:
-        wait_for(lambda: nad_config(client, name, "default"), 30, "NAD in default")
+        eventually(lambda: nad_config(client, name, "default"), 30, "NAD in default")
         body["spec"]["networkNamespace"] = namespace
         apply(client, body)
-        wait_for(lambda: nad_config(client, name, namespace), 30, "NAD in the new namespace")
-        wait_for(lambda: nad_config(client, name, "default") is None, 30, "old NAD removed")
+        eventually(lambda: nad_config(client, name, namespace), 30, "NAD in the new namespace")
+        eventually(lambda: nad_config(client, name, "default") is None, 30, "old NAD removed")
 
         body["spec"]["ipam"] = '{"type": "nv-ipam", "poolName": }'
         apply(client, body)
-        status = wait_for(lambda: (s := client.get(KINDS["MacvlanNetwork"], name).get("status"))
+        status = eventually(lambda: (s := client.get(KINDS["MacvlanNetwork"], name).get("status"))
                           and s.get("state") == "error" and s, 30, "error status")
         assert "spec.ipam is not valid JSON" in status["reason"]
     finally:
@@ -129,7 +130,7 @@ def test_second_replica_takes_over_when_the_leader_dies(
                 "spec": {"networkNamespace": namespace, "master": "ib0"}}
         apply(client, body)
         try:
-            wait_for(lambda: nad_config(client, body["metadata"]["name"], namespace), 30,
+            eventually(lambda: nad_config(client, body["metadata"]["name"], namespace), 30,
                      "the NAD made by the new leader")
         finally:
             client.delete(KINDS["IPoIBNetwork"], body["metadata"]["name"])
@@ -157,24 +158,24 @@ def test_ovs_network_example_produces_its_nad(
     client.create(OVS_NETWORK(**body))
     client.create(OVS_NETWORK(**bare))
     try:
-        got = wait_for(lambda: nad_config(client, name, namespace), 30, f"NAD {name}")
+        got = eventually(lambda: nad_config(client, name, namespace), 30, f"NAD {name}")
         assert got == {"cniVersion": "1.0.0", "name": name, "type": "ovs", "vlan": 200,
                        "ipam": {"type": "nv-ipam", "poolName": "pool1"}}
         annotations = client.get(NAD, name, namespace=namespace)["metadata"]["annotations"]
         assert annotations["k8s.v1.cni.cncf.io/resourceName"] == "nvidia.com/switchdev"
         assert annotations["sriovnetwork.openshift.io/owner-ref"] == \
             f"OVSNetwork.sriovnetwork.openshift.io/{NAMESPACE}/{name}"
-        ready = wait_for(lambda: ready_condition(client, name), 30, "the Ready condition")
+        ready = eventually(lambda: ready_condition(client, name), 30, "the Ready condition")
         assert (ready["status"], ready["reason"]) == ("True", "NetworkReady")
 
-        refused = wait_for(lambda: ready_condition(client, bare["metadata"]["name"]), 30,
+        refused = eventually(lambda: ready_condition(client, bare["metadata"]["name"]), 30,
                            "the Ready condition of the network without spec")
         assert refused["status"] == "False"
         assert "spec.resourceName is missing" in refused["message"]
     finally:
         client.delete(OVS_NETWORK, name, namespace=NAMESPACE)
         client.delete(OVS_NETWORK, bare["metadata"]["name"], namespace=NAMESPACE)
-    wait_for(lambda: nad_config(client, name, namespace) is None, 30, "the NAD to go")
-    wait_for(lambda: not any(o.metadata.name in (name, bare["metadata"]["name"])
+    eventually(lambda: nad_config(client, name, namespace) is None, 30, "the NAD to go")
+    eventually(lambda: not any(o.metadata.name in (name, bare["metadata"]["name"])
                              for o in client.list(OVS_NETWORK, namespace=NAMESPACE)), 30,
              "the networks themselves gone (their finalizers removed)")

@@ -11,8 +11,9 @@ from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
+from tests.eventually import eventually
 from tests.integration.driver_upgrades import StateWatch
-from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
+from tests.integration.operator_process import NAMESPACE, OperatorProcess
 from tests.integration.test_operator_policy import (
     apply_policy,
     delete_policy,
@@ -88,7 +89,7 @@ def node_groups(client: Client) -> Iterator[None]:
     delete_policy(client)
     for node, label in GROUPS.items():
         client.patch(Node, node, {"metadata": {"labels": {label: None}}})
-    wait_for(lambda: not nicop_objects(client), 120, "every policy's objects to be collected")
+    eventually(lambda: not nicop_objects(client), 120, "every policy's objects to be collected")
 
 
 def test_node_groups_run_their_policys_components_and_conflicts_are_reported(
@@ -106,9 +107,9 @@ def test_node_groups_run_their_policys_components_and_conflicts_are_reported(
     apply_nnp(client, example("nicnodepolicy-gpu-nodes.yaml"))
     apply_nnp(client, example("nicnodepolicy-storage-nodes.yaml"))
     for name in ("gpu-nodes", "storage-nodes"):
-        wait_for(lambda n=name: nnp_status(client, n).get("state") == "ready", 120,  # type: ignore[misc]
+        eventually(lambda n=name: nnp_status(client, n).get("state") == "ready", 120,  # type: ignore[misc]
                  f"NicNodePolicy {name} to become ready")
-    wait_for(lambda: policy_status(client).get("state") == "ready", 60, "the cluster policy")
+    eventually(lambda: policy_status(client).get("state") == "ready", 60, "the cluster policy")
 
     gpu_hash, storage_hash = name_hash("gpu-nodes"), name_hash("storage-nodes")
     gpu_driver = driver_ds(client, "node-1", "gpu-nodes")
@@ -137,7 +138,7 @@ def test_node_groups_run_their_policys_components_and_conflicts_are_reported(
         "state-SRIOV-device-plugin": "ignore", "state-DRA-driver": "ignore"}
     # Each pool upgrades by its own policy's upgradePolicy: a new version in gpu-nodes moves
     # node-1 through the upgrade states to the new driver; the storage nodes' drivers stay.
-    wait_for(lambda: upgrade_states(client) == dict.fromkeys(GROUPS, "upgrade-done"), 60,
+    eventually(lambda: upgrade_states(client) == dict.fromkeys(GROUPS, "upgrade-done"), 60,
              "every driver node upgrade-done")
     storage_pods = driver_pods(client, storage_drivers)
     bumped = example("nicnodepolicy-gpu-nodes.yaml")
@@ -151,7 +152,7 @@ def test_node_groups_run_their_policys_components_and_conflicts_are_reported(
 
     states = StateWatch(client).started()  # every state node-1 shows, none missed between looks
     apply_nnp(client, bumped)
-    wait_for(upgraded, 180, "node-1 upgraded to the new driver")
+    eventually(upgraded, 180, "node-1 upgraded to the new driver")
     seen = set(states.stop()["node-1"])
     assert seen & set(IN_PROGRESS), f"node-1 went through the upgrade states, saw {seen}"
     assert driver_pods(client, storage_drivers) == storage_pods, "storage drivers untouched"
@@ -163,19 +164,19 @@ def test_node_groups_run_their_policys_components_and_conflicts_are_reported(
                        "metadata": {"name": "all-nodes"},
                        "spec": {"sriovDevicePlugin": example(
                            "nicnodepolicy-storage-nodes.yaml")["spec"]["sriovDevicePlugin"]}})
-    wait_for(lambda: nnp_status(client, "all-nodes").get("state") == "error", 60,
+    eventually(lambda: nnp_status(client, "all-nodes").get("state") == "error", 60,
              "the overlapping policy's error")
     reason = nnp_status(client, "all-nodes")["reason"]
     assert reason.startswith('node selector overlap detected: node "node-1" is selected by '
                              "policies: [all-nodes, gpu-nodes]; node \"node-2\" is selected by "
                              "policies: [all-nodes, storage-nodes]")
-    wait_for(lambda: nnp_status(client, "gpu-nodes").get("state") == "error", 60,
+    eventually(lambda: nnp_status(client, "gpu-nodes").get("state") == "error", 60,
              "the overlapped policy's error")
     assert not [d for d in client.list(DaemonSet, namespace=NAMESPACE)
                 if d.metadata.name.startswith(f"network-operator-sriov-device-plugin-"
                                               f"{name_hash('all-nodes')}")]
     delete_nnp(client, "all-nodes")
-    wait_for(lambda: nnp_status(client, "gpu-nodes").get("state") == "ready", 60,
+    eventually(lambda: nnp_status(client, "gpu-nodes").get("state") == "ready", 60,
              "gpu-nodes ready again")
 
     # The cluster policy takes the RDMA plugin too: the GPU nodes' copy goes, both statuses say
@@ -183,29 +184,29 @@ def test_node_groups_run_their_policys_components_and_conflicts_are_reported(
     cluster["spec"]["rdmaSharedDevicePlugin"] = example(
         "nicnodepolicy-gpu-nodes.yaml")["spec"]["rdmaSharedDevicePlugin"]
     apply_policy(client, cluster)
-    wait_for(lambda: {s["name"]: s["state"] for s in nnp_status(client, "gpu-nodes").get(
+    eventually(lambda: {s["name"]: s["state"] for s in nnp_status(client, "gpu-nodes").get(
         "appliedStates", [])}.get("state-RDMA-device-plugin") == "error", 60,
         "the section conflict in the node policy")
     rdma_state = next(s for s in nnp_status(client, "gpu-nodes")["appliedStates"]
                       if s["name"] == "state-RDMA-device-plugin")
     assert "NicClusterPolicy nic-cluster-policy" in rdma_state["message"]
     assert '"node-1"' in rdma_state["message"]
-    wait_for(lambda: any("NicNodePolicy gpu-nodes also has spec.rdmaSharedDevicePlugin"
+    eventually(lambda: any("NicNodePolicy gpu-nodes also has spec.rdmaSharedDevicePlugin"
                          in c["message"] for c in policy_status(client).get("conditions", [])),
              60, "the section conflict in the cluster policy")
-    wait_for(lambda: not pod_nodes(client, rdma), 60, "the node policy's RDMA plugin to go")
+    eventually(lambda: not pod_nodes(client, rdma), 60, "the node policy's RDMA plugin to go")
     del cluster["spec"]["rdmaSharedDevicePlugin"]
     apply_policy(client, cluster)
 
     # Deleting one node policy removes its objects only.
     delete_nnp(client, "storage-nodes")
-    wait_for(lambda: not {sriov, *storage_drivers} & {
+    eventually(lambda: not {sriov, *storage_drivers} & {
         d.metadata.name for d in client.list(DaemonSet, namespace=NAMESPACE)}, 60,
         "the storage policy's DaemonSets to go")
-    wait_for(lambda: "network-operator-sriovdp-config-storage-nodes" not in {
+    eventually(lambda: "network-operator-sriovdp-config-storage-nodes" not in {
         c.metadata.name for c in client.list(ConfigMap, namespace=NAMESPACE)}, 60,
         "the storage policy's ConfigMap to go")
-    wait_for(lambda: nnp_status(client, "gpu-nodes").get("state") == "ready", 60,
+    eventually(lambda: nnp_status(client, "gpu-nodes").get("state") == "ready", 60,
              "gpu-nodes ready")
     left = {d.metadata.name: d.metadata.uid for d in client.list(DaemonSet, namespace=NAMESPACE)}
     assert {k: uids[k] for k in ("kube-multus-ds", gpu_driver)} == \

@@ -18,7 +18,8 @@ from lightkube.resources.apps_v1 import DaemonSet, Deployment
 from lightkube.resources.core_v1 import ConfigMap, Event, Node, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 from lightkube.types import PatchType
-from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
+from tests.eventually import eventually
+from tests.integration.operator_process import NAMESPACE, OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 MOFED_WAIT = "network.nvidia.com/operator.mofed.wait"
@@ -73,14 +74,14 @@ def mofed_wait(client: Client) -> dict[str, str | None]:
 def clean(client: Client) -> Iterator[None]:
     yield
     delete_policy(client)
-    wait_for(lambda: not nicop_objects(client), what="the policy's objects to be collected")
+    eventually(lambda: not nicop_objects(client), what="the policy's objects to be collected")
 
 
 def test_infiniband_policy_goes_ready_and_orders_plugins_after_the_driver(
     client: Client, operator: OperatorProcess, clean: None
 ) -> None:
     apply_policy(client, example("nicclusterpolicy-infiniband.yaml"))
-    wait_for(lambda: policy_status(client).get("state") == "ready", 90,
+    eventually(lambda: policy_status(client).get("state") == "ready", 90,
              "the InfiniBand policy to become ready")
     # The way there is told in Events on the policy: first NotReady, then Ready, and no flap
     # back once ready (Event names end in their creation time: they sort in creation order;
@@ -92,7 +93,7 @@ def test_infiniband_policy_goes_ready_and_orders_plugins_after_the_driver(
                                           if e.involvedObject.uid == uid),
                                          key=lambda e: e.metadata.name)]
 
-    wait_for(lambda: "Ready" in reasons(), 30, "the policy's Ready Event")
+    eventually(lambda: "Ready" in reasons(), 30, "the policy's Ready Event")
     assert reasons() == ["NotReady", "Ready"]
     assert states(client) == {
         "state-multus-cni": "ready", "state-container-networking-plugins": "ready",
@@ -133,7 +134,7 @@ def test_config_change_rolls_removed_section_is_deleted_and_delete_cleans_up(
 ) -> None:
     policy = example("nicclusterpolicy-infiniband.yaml")
     apply_policy(client, policy)
-    wait_for(lambda: policy_status(client).get("state") == "ready", 90, "ready")
+    eventually(lambda: policy_status(client).get("state") == "ready", 90, "ready")
     before = client.get(DaemonSet, "rdma-shared-dp-ds", namespace=NAMESPACE)
     config_hash = "nvidia.network-operator.config-hash"
     old_hash = before.spec.template.metadata.annotations[config_hash]
@@ -151,17 +152,17 @@ def test_config_change_rolls_removed_section_is_deleted_and_delete_cleans_up(
         return (ds.spec.template.metadata.annotations[config_hash] != old_hash
                 and ds.metadata.generation > before.metadata.generation)
 
-    wait_for(rolled, what="the RDMA plugin DaemonSet to roll with the new config")
+    eventually(rolled, what="the RDMA plugin DaemonSet to roll with the new config")
     cm = client.get(ConfigMap, "rdma-devices", namespace=NAMESPACE)
     assert "rdma_ib" in cm.data["config.json"]
-    wait_for(lambda: not any("nv-ipam" in o for o in nicop_objects(client)),
+    eventually(lambda: not any("nv-ipam" in o for o in nicop_objects(client)),
              what="the nvIpam objects to be deleted")
-    wait_for(lambda: states(client).get("state-nv-ipam-cni") == "ignore", what="nv-ipam ignore")
-    wait_for(lambda: policy_status(client).get("state") == "ready", 60, "ready again")
+    eventually(lambda: states(client).get("state-nv-ipam-cni") == "ignore", what="nv-ipam ignore")
+    eventually(lambda: policy_status(client).get("state") == "ready", 60, "ready again")
 
     delete_policy(client)
-    wait_for(lambda: not nicop_objects(client), what="every object of the policy to be deleted")
-    wait_for(lambda: set(mofed_wait(client).values()) == {None},
+    eventually(lambda: not nicop_objects(client), what="every object of the policy to be deleted")
+    eventually(lambda: set(mofed_wait(client).values()) == {None},
              what="the mofed.wait labels to be removed")
 
 
@@ -172,7 +173,7 @@ def test_policy_at_rest_makes_no_writes_even_after_a_restart(
     # No storage provisioner here: the firmware PVC would stay Pending (a test below covers it).
     del body["spec"]["nicConfigurationOperator"]["nicFirmwareStorage"]
     apply_policy(client, body)
-    wait_for(lambda: policy_status(client).get("state") == "ready", 90, "the RoCE policy ready")
+    eventually(lambda: policy_status(client).get("state") == "ready", 90, "the RoCE policy ready")
     time.sleep(2)
     before, reconciled = operator.writes(), operator.reconciles("nicclusterpolicy")
     # An annotation changes the object (an event, a reconcile) but not the spec. (A replace of
@@ -183,7 +184,7 @@ def test_policy_at_rest_makes_no_writes_even_after_a_restart(
                            {"metadata": {"annotations": {"touched": "yes"}}},
                            patch_type=PatchType.MERGE)
     assert touched.metadata.resourceVersion != version
-    wait_for(lambda: operator.reconciles("nicclusterpolicy") > reconciled, 30,
+    eventually(lambda: operator.reconciles("nicclusterpolicy") > reconciled, 30,
              "the policy reconciled after the change")
     assert operator.writes() == before, "an unchanged policy must cause no write"
 
@@ -191,7 +192,7 @@ def test_policy_at_rest_makes_no_writes_even_after_a_restart(
     operator.stop()
     try:
         restarted.wait_ready(30)
-        wait_for(lambda: restarted.reconciles("nicclusterpolicy") >= 1, 30,
+        eventually(lambda: restarted.reconciles("nicclusterpolicy") >= 1, 30,
                  "the restarted operator's first reconcile of the policy")
         assert restarted.writes() == {}, "a restarted operator finds nothing to change"
     finally:
@@ -204,7 +205,7 @@ def test_only_nic_cluster_policy_is_acted_on(client: Client, operator: OperatorP
     body["metadata"]["name"] = "another-policy"
     apply_policy(client, body)
     try:
-        status = wait_for(lambda: policy_status(client, "another-policy") or None,
+        status = eventually(lambda: policy_status(client, "another-policy") or None,
                           what="status of the ignored policy")
         assert status["state"] == "ignore"
         assert "Only instance with name nic-cluster-policy is supported" in status["reason"]
@@ -220,7 +221,7 @@ def test_bad_plugin_config_is_an_error_naming_the_field(
     # Looks like an object to the schema's check, but is not JSON.
     body["spec"]["rdmaSharedDevicePlugin"]["config"] = '{"configList": [,]}'
     apply_policy(client, body)
-    wait_for(lambda: states(client).get("state-RDMA-device-plugin") == "error", what="error")
+    eventually(lambda: states(client).get("state-RDMA-device-plugin") == "error", what="error")
     applied = {s["name"]: s for s in policy_status(client)["appliedStates"]}
     message = applied["state-RDMA-device-plugin"]["message"]
     assert "spec.rdmaSharedDevicePlugin.config" in message and "not valid JSON" in message
@@ -242,7 +243,7 @@ def test_a_daemonset_without_nodes_says_why(
         applied = {s["name"]: s for s in policy_status(client).get("appliedStates", [])}
         return str(applied.get("state-SRIOV-device-plugin", {}).get("message", ""))
 
-    text = wait_for(lambda: "matches no node" in message() and message(), what="a reason")
+    text = eventually(lambda: "matches no node" in message() and message(), what="a reason")
     assert "network-operator-sriov-device-plugin" in text
 
 
@@ -259,7 +260,7 @@ def test_an_upstream_policy_with_removed_fields_is_applied_with_a_warning(
                 return c  # type: ignore[no-any-return]
         return None
 
-    condition = wait_for(warning, what="the removed-fields warning in status")
+    condition = eventually(warning, what="the removed-fields warning in status")
     for field in ("spec.psp", "spec.nvPeerDriver", "spec.secondaryNetwork.ipamPlugin"):
         assert field in condition["message"]
     assert states(client)["state-OFED"] in ("notReady", "ready")  # the rest is applied as usual
@@ -275,7 +276,7 @@ def test_nic_configuration_and_spectrum_x_go_ready_and_say_what_nicop_lacks(
     body = example("nicclusterpolicy-nic-configuration-spectrum-x.yaml")
     storage = body["spec"]["nicConfigurationOperator"].pop("nicFirmwareStorage")
     apply_policy(client, body)
-    wait_for(lambda: policy_status(client).get("state") == "ready", 90,
+    eventually(lambda: policy_status(client).get("state") == "ready", 90,
              "the NIC configuration and Spectrum-X policy to become ready")
     assert states(client)["state-nic-configuration-operator"] == "ready"
     assert states(client)["state-spectrum-x-operator"] == "ready"
@@ -303,6 +304,6 @@ def test_nic_configuration_and_spectrum_x_go_ready_and_say_what_nicop_lacks(
         applied = {s["name"]: s for s in policy_status(client).get("appliedStates", [])}
         return str(applied.get("state-nic-configuration-operator", {}).get("message", ""))
 
-    text = wait_for(lambda: "nic-fw-storage-pvc is Pending" in pending() and pending(), 60,
+    text = eventually(lambda: "nic-fw-storage-pvc is Pending" in pending() and pending(), 60,
                     "the unbound firmware PVC in status")
     assert "nic-fw-storage-class" in text

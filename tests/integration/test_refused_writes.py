@@ -17,8 +17,9 @@ from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import ConfigMap, Event, Pod
 from lightkube.types import PatchType
+from tests.eventually import eventually
 from tests.integration.agent_loop import delete, ready
-from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
+from tests.integration.operator_process import NAMESPACE, OperatorProcess
 from tests.integration.test_operator_policy import (
     NicClusterPolicy,
     apply_policy,
@@ -53,7 +54,7 @@ def clean(client: Client) -> Iterator[None]:
     delete_policy(client)
     delete(client, ConfigMap, "rdma-devices", NAMESPACE)
     delete(client, DaemonSet, "kube-multus-ds", NAMESPACE)
-    wait_for(lambda: not nicop_objects(client), what="the policy's objects to be collected")
+    eventually(lambda: not nicop_objects(client), what="the policy's objects to be collected")
 
 
 def multus_pods(client: Client) -> list[Pod]:
@@ -78,7 +79,7 @@ def test_a_daemonset_with_another_selector_is_taken_over_without_a_gap(
                 containers=[Container(name="kube-multus",
                                       image="ghcr.io/k8snetworkplumbingwg/multus-cni:v4.0.2")]))),
     ))
-    nodes = wait_for(lambda: (pods := multus_pods(client)) and all(ready(p) for p in pods)
+    nodes = eventually(lambda: (pods := multus_pods(client)) and all(ready(p) for p in pods)
                      and {p.spec.nodeName for p in pods}, what="upstream's Multus pods")
     gaps: list[str] = []
     stop = threading.Event()
@@ -93,7 +94,7 @@ def test_a_daemonset_with_another_selector_is_taken_over_without_a_gap(
     sampler.start()
     try:
         apply_policy(client, POLICY)
-        wait_for(lambda: policy_status(client).get("state") == "ready", timeout=120,
+        eventually(lambda: policy_status(client).get("state") == "ready", timeout=120,
                  what="the policy to be ready")
 
         def replaced() -> bool:
@@ -101,7 +102,7 @@ def test_a_daemonset_with_another_selector_is_taken_over_without_a_gap(
             return bool(pods) and all(p.spec.containers[0].image.endswith("multus-cni:v4.1.0")
                                       and ready(p) for p in pods) and len(pods) == len(nodes)
 
-        wait_for(replaced, timeout=120, what="every Multus pod replaced by nicop's")
+        eventually(replaced, timeout=120, what="every Multus pod replaced by nicop's")
     finally:
         stop.set()
         sampler.join()
@@ -131,7 +132,7 @@ def test_a_refused_write_fails_only_its_component_and_replaces_a_planted_status(
         return status if status.get("state") == "error" and all(
             states(client).get(s) == "ready" for s in others) else None
 
-    status = wait_for(failed, timeout=120, what="the RDMA state to fail, the others ready")
+    status = eventually(failed, timeout=120, what="the RDMA state to fail, the others ready")
     applied = {s["name"]: s for s in status["appliedStates"]}
     message = applied["state-RDMA-device-plugin"]["message"]
     assert applied["state-RDMA-device-plugin"]["state"] == "error"
@@ -141,7 +142,7 @@ def test_a_refused_write_fails_only_its_component_and_replaces_a_planted_status(
     assert conditions["Ready"]["reason"] == "RDMASharedDevicePluginError"
     generation = client.get(NicClusterPolicy, "nic-cluster-policy")["metadata"]["generation"]
     assert status.get("observedGeneration", 0) < generation  # the spec is not fully applied
-    wait_for(lambda: [e for e in client.list(Event, namespace="default")
+    eventually(lambda: [e for e in client.list(Event, namespace="default")
                       if e.involvedObject.name == "nic-cluster-policy"
                       and e.reason == "ApplyFailed" and "rdma-devices" in e.message],
              what="an ApplyFailed Event on the policy")
@@ -153,6 +154,6 @@ def test_a_refused_write_fails_only_its_component_and_replaces_a_planted_status(
                                "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
     client.patch(NicClusterPolicy.Status, "nic-cluster-policy", {"status": planted},
                  patch_type=PatchType.MERGE, field_manager="other")
-    wait_for(lambda: policy_status(client).get("state") == "error"
+    eventually(lambda: policy_status(client).get("state") == "error"
              and "state-RDMA-device-plugin" in states(client), timeout=15,
              what="nicop's own status back")

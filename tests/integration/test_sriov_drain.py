@@ -27,8 +27,8 @@ from lightkube.models.policy_v1 import PodDisruptionBudgetSpec
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
 from lightkube.resources.policy_v1 import PodDisruptionBudget
+from tests.eventually import eventually
 from tests.integration.agent_loop import delete
-from tests.integration.operator_process import wait_for
 from tests.integration.test_sriov_e2e import (
     PF0,
     PREFIX,
@@ -61,7 +61,7 @@ def five(tmp_path_factory: pytest.TempPathFactory, controlplane_bin: Path
         install_crds(cluster.kubeconfig)
         for ns in (OPERATOR_NS, WORK):
             client.create(Namespace(metadata=ObjectMeta(name=ns)))
-        wait_for(lambda: _has_default_sa(client), 30, "the default service account")
+        eventually(lambda: _has_default_sa(client), 30, "the default service account")
         yield cluster
 
 
@@ -113,7 +113,7 @@ def workload(client: Client, resource: str, replicas: int) -> None:
     client.create(Pod(metadata=ObjectMeta(name="bystander", namespace=WORK, labels={"app": "b"}),
                       spec=PodSpec(nodeName=NODES[0],
                                    containers=[Container(name="c", image="busybox")])))
-    wait_for(lambda: sum(p.status.phase == "Running" for p in client.list(Pod, namespace=WORK))
+    eventually(lambda: sum(p.status.phase == "Running" for p in client.list(Pod, namespace=WORK))
              == replicas + 1, 90, "the workload running")
 
 

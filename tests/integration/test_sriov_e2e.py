@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from lightkube import Client
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Node, Pod
+from tests.eventually import until
 
 from nicop.api.labels import CURRENT_STATE, DESIRED_STATE, NODE_STATE_ANNOTATION
 from nicop.kube.client import ApiClient
@@ -66,18 +67,6 @@ PF0 = "enp59s0f0np0"  # the cx6dx profile's first port (the docs' ens1f0)
 PCI0 = "0000:3b:00.0"
 PREFIX = "nvidia.com"
 TEST_LABEL = "nicop.io/sriov-test"
-
-
-async def until(check: Callable[[], Awaitable[Any]], timeout: float, what: str) -> Any:
-    """Poll an async check until it returns something truthy; fail naming `what`."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await check()
-        if last:
-            return last
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
 @dataclass

@@ -20,6 +20,7 @@ from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Pod
+from tests.eventually import eventually
 from tests.integration.agent_loop import (
     Metrics,
     agents,
@@ -31,7 +32,7 @@ from tests.integration.agent_loop import (
     scrape,
     stand_ins,
 )
-from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
+from tests.integration.operator_process import NAMESPACE, OperatorProcess
 
 from nicop_sim.cluster import LocalCluster
 from nicop_sim.hardware import STOP_AFTER_NUMVFS, SimulatedHost
@@ -62,7 +63,7 @@ def node_metrics(client: Client, app: str) -> Metrics:
                     return None
         return None
 
-    metrics: Metrics = wait_for(once, timeout=60, what=f"/metrics of {app} on {NODE}")
+    metrics: Metrics = eventually(once, timeout=60, what=f"/metrics of {app} on {NODE}")
     return metrics
 
 
@@ -85,9 +86,9 @@ def policy(client: Client, operator: OperatorProcess, cluster: LocalCluster) -> 
     yield
     delete(client, NodePolicy, "loop-vfs", NAMESPACE)
     # The config daemon resets the VFs it made, then goes with the rest.
-    wait_for(lambda: numvfs(cluster) == 0, timeout=120, what="the VFs to be removed")
-    wait_for(lambda: not daemonsets(client), timeout=120, what="the SR-IOV DaemonSets to go")
-    wait_for(lambda: not agents(cluster, NODE), timeout=60, what="the agents to end")
+    eventually(lambda: numvfs(cluster) == 0, timeout=120, what="the VFs to be removed")
+    eventually(lambda: not daemonsets(client), timeout=120, what="the SR-IOV DaemonSets to go")
+    eventually(lambda: not agents(cluster, NODE), timeout=60, what="the agents to end")
     delete(client, OperatorConfig, "default", NAMESPACE)
 
 
@@ -101,10 +102,10 @@ def test_the_config_daemon_pod_creates_the_vfs_and_the_plugin_advertises_them(
         return obj if (obj.get("status") or {}).get("syncStatus") == "Succeeded" and \
             numvfs(cluster) == VFS else None
 
-    wait_for(state, timeout=180, what=f"{VFS} VFs on {NODE} and its node state Succeeded")
-    wait_for(lambda: allocatable(client, NODE, "nvidia.com/cx6dx_vf") == VFS, timeout=60,
+    eventually(state, timeout=180, what=f"{VFS} VFs on {NODE} and its node state Succeeded")
+    eventually(lambda: allocatable(client, NODE, "nvidia.com/cx6dx_vf") == VFS, timeout=60,
              what=f"{VFS} nvidia.com/cx6dx_vf on {NODE}")
-    wait_for(lambda: [p for p in pods(client, NAMESPACE, {"app": "sriov-network-config-daemon"})
+    eventually(lambda: [p for p in pods(client, NAMESPACE, {"app": "sriov-network-config-daemon"})
                       if p.spec.nodeName == NODE and ready(p)], timeout=60,
              what=f"the config daemon pod on {NODE} to be Ready")
     config = client.get(OperatorConfig, "default", namespace=NAMESPACE)
@@ -128,7 +129,7 @@ def test_the_config_daemon_pod_creates_the_vfs_and_the_plugin_advertises_them(
                     "it the node stand-ins run no CNI (the rest of this module still runs)")
 def test_a_pod_on_the_sriov_network_gets_a_vf_and_an_address(
         client: Client, cluster: LocalCluster, namespace: str, policy: None) -> None:
-    wait_for(lambda: allocatable(client, NODE, "nvidia.com/cx6dx_vf") == VFS, timeout=180,
+    eventually(lambda: allocatable(client, NODE, "nvidia.com/cx6dx_vf") == VFS, timeout=180,
              what="the VFs to be advertised")
     client.create(IPPool(metadata=ObjectMeta(name="loop-pool", namespace=NAMESPACE), spec={
         "subnet": "10.77.0.0/16", "perNodeBlockSize": 64, "gateway": "10.77.0.1"}))
@@ -136,7 +137,7 @@ def test_a_pod_on_the_sriov_network_gets_a_vf_and_an_address(
         "resourceName": "cx6dx_vf", "networkNamespace": namespace, "vlan": 100,
         "ipam": json.dumps({"type": "nv-ipam", "poolName": "loop-pool"})}))
     try:
-        wait_for(lambda: [p for p in pods(client, NAMESPACE, {"app": "nicop-cni-daemon"})
+        eventually(lambda: [p for p in pods(client, NAMESPACE, {"app": "nicop-cni-daemon"})
                           if p.spec.nodeName == NODE and ready(p)], timeout=120,
                  what=f"the CNI daemon on {NODE}")
         limits = {"nvidia.com/cx6dx_vf": "1"}
@@ -152,7 +153,7 @@ def test_a_pod_on_the_sriov_network_gets_a_vf_and_an_address(
             raw = (pod.metadata.annotations or {}).get("k8s.v1.cni.cncf.io/network-status")
             return json.loads(raw) if raw and pod.status.phase == "Running" else None
 
-        (default, status) = wait_for(attached, timeout=120, what="the pod's network status")
+        (default, status) = eventually(attached, timeout=120, what="the pod's network status")
         assert default["default"] and default["interface"] == "eth0", default
         assert status["name"] == f"{namespace}/loop-net" and status["interface"] == "net1"
         address = status["ips"][0]
@@ -181,7 +182,7 @@ def test_a_pod_on_the_sriov_network_gets_a_vf_and_an_address(
                        resource="nvidia.com/cx6dx_vf") or 0) >= 1
 
         delete(client, Pod, "vf-workload", namespace)
-        wait_for(lambda: not os.path.exists(f"/run/netns/{netns}"), timeout=60,
+        eventually(lambda: not os.path.exists(f"/run/netns/{netns}"), timeout=60,
                  what="the pod's network namespace to go")
         node_links = subprocess.run(["ip", "-n", cluster.netns_of(NODE), "-j", "link", "show"],
                                     capture_output=True, text=True, check=True).stdout
@@ -192,7 +193,7 @@ def test_a_pod_on_the_sriov_network_gets_a_vf_and_an_address(
     finally:
         delete(client, SriovNetwork, "loop-net", NAMESPACE)
         delete(client, IPPool, "loop-pool", NAMESPACE)
-        wait_for(lambda: "nicop-cni-daemon" not in daemonsets(client), timeout=120,
+        eventually(lambda: "nicop-cni-daemon" not in daemonsets(client), timeout=120,
                  what="the CNI daemon to go with the last network")
 
 
@@ -209,7 +210,7 @@ def test_a_config_daemon_killed_between_creating_vfs_and_binding_them_converges(
     def bound(index: int) -> str:
         return os.path.basename(os.readlink(cluster.node_root(node) / vf_driver.format(index)))
 
-    (daemon_pod,) = wait_for(lambda: [
+    (daemon_pod,) = eventually(lambda: [
         p for p in pods(client, NAMESPACE, {"app": "sriov-network-config-daemon"})
         if p.spec.nodeName == node and ready(p)], timeout=120, what=f"the config daemon on {node}")
     restarts = daemon_pod.status.containerStatuses[0].restartCount
@@ -227,7 +228,7 @@ def test_a_config_daemon_killed_between_creating_vfs_and_binding_them_converges(
                     return agent.pid
             return None
 
-        pid = wait_for(stopped, timeout=180, what=f"the config daemon on {node} to reach the "
+        pid = eventually(stopped, timeout=180, what=f"the config daemon on {node} to reach the "
                        "fault")
         assert host.read_int(f"/sys/bus/pci/devices/{pf}/sriov_numvfs") == 2
         assert bound(0) != "vfio-pci", "stopped before binding"
@@ -240,7 +241,7 @@ def test_a_config_daemon_killed_between_creating_vfs_and_binding_them_converges(
                         and all(bound(i) == "vfio-pci" for i in (0, 1))
                         and allocatable(client, node, "nvidia.com/cx6dx_dpdk") == 2)
 
-        wait_for(converged, timeout=180, what="both VFs bound to vfio-pci and advertised")
+        eventually(converged, timeout=180, what="both VFs bound to vfio-pci and advertised")
         (daemon_pod,) = [p for p in pods(client, NAMESPACE, {"app": "sriov-network-config-daemon"})
                          if p.spec.nodeName == node]
         status = daemon_pod.status.containerStatuses[0]
@@ -248,5 +249,5 @@ def test_a_config_daemon_killed_between_creating_vfs_and_binding_them_converges(
         assert host.read_int(f"/sys/bus/pci/devices/{pf}/sriov_numvfs") == 2
     finally:
         delete(client, NodePolicy, "kill-dpdk", NAMESPACE)
-        wait_for(lambda: host.read_int(f"/sys/bus/pci/devices/{pf}/sriov_numvfs") == 0,
+        eventually(lambda: host.read_int(f"/sys/bus/pci/devices/{pf}/sriov_numvfs") == 0,
                  timeout=120, what=f"the VFs of {pf} to be removed")

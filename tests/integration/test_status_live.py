@@ -19,7 +19,8 @@ from lightkube.generic_resource import create_global_resource
 from lightkube.resources.apps_v1 import DaemonSet, Deployment
 from lightkube.resources.core_v1 import ConfigMap, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
-from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
+from tests.eventually import eventually
+from tests.integration.operator_process import NAMESPACE, OperatorProcess
 from typer.testing import CliRunner
 
 from nicop.cli import app
@@ -50,7 +51,7 @@ def apply_example_policy(client: Client) -> None:
     """The InfiniBand example policy, applied and ready."""
     body = yaml.safe_load((ROOT / "examples" / "nicclusterpolicy-infiniband.yaml").read_text())
     client.apply(NicClusterPolicy(**body), field_manager="test", force=True)
-    wait_for(lambda: state(client) == "ready", 90, "the InfiniBand policy to be ready")
+    eventually(lambda: state(client) == "ready", 90, "the InfiniBand policy to be ready")
 
 
 def remove_policy(client: Client) -> None:
@@ -67,7 +68,7 @@ def remove_policy(client: Client) -> None:
         for obj in client.list(cluster_kind, labels=owned):
             with contextlib.suppress(ApiError):
                 client.delete(cluster_kind, obj.metadata.name)
-    wait_for(lambda: not list(client.list(DaemonSet, namespace=NAMESPACE, labels=owned)), 30,
+    eventually(lambda: not list(client.list(DaemonSet, namespace=NAMESPACE, labels=owned)), 30,
              "the policy's DaemonSets to be gone")
 
 

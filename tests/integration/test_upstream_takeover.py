@@ -25,10 +25,12 @@ from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Namespace, Node, Pod
 from lightkube.types import PatchType
-from nicop.api.install import install_crds
+from tests.eventually import eventually
 from tests.integration.agent_loop import ready
 from tests.integration.driver_upgrades import StateWatch
-from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
+from tests.integration.operator_process import NAMESPACE, OperatorProcess
+
+from nicop.operator.crds import install_crds
 
 INSTALL = Path(__file__).parent.parent / "data" / "upstream-install"
 NicClusterPolicy = create_global_resource(
@@ -171,7 +173,7 @@ def upstream_install(client: Client, crds: list[str]) -> Iterator[list[dict[str,
                     return False
         return True
 
-    wait_for(settled, timeout=180, what="upstream's pods ready on every node")
+    eventually(settled, timeout=180, what="upstream's pods ready on every node")
     try:
         yield objects
     finally:
@@ -191,7 +193,7 @@ def upstream_install(client: Client, crds: list[str]) -> Iterator[list[dict[str,
             except ApiError as e:
                 if e.status.code != 404:
                     raise
-        wait_for(lambda: not [o for o in objects if o["kind"] != "CustomResourceDefinition"
+        eventually(lambda: not [o for o in objects if o["kind"] != "CustomResourceDefinition"
                               and exists(client, o)], timeout=120,
                  what="the policy's objects collected")
         for node in managed:
@@ -218,11 +220,11 @@ def test_nicop_takes_over_a_real_upstream_install_in_place(
                                env={"OFED_INIT_CONTAINER_IMAGE": init_image})
     try:
         operator.wait_ready()
-        wait_for(lambda: policy_state(client) == "ready", timeout=180,
+        eventually(lambda: policy_state(client) == "ready", timeout=180,
                  what="the policy to be ready on upstream's objects")
         # The two CRDs upstream's nv-ipam state made are adopted as nicop's: not the state's,
         # not owned by the policy.
-        wait_for(lambda: all(not c.metadata.ownerReferences and STATE not in (
+        eventually(lambda: all(not c.metadata.ownerReferences and STATE not in (
             c.metadata.labels or {}) for c in (live(client, o) for o in objects
                                                if o["kind"] == "CustomResourceDefinition")),
                  timeout=30, what="the nv-ipam CRDs adopted")
@@ -232,7 +234,7 @@ def test_nicop_takes_over_a_real_upstream_install_in_place(
             if obj["kind"] == "DaemonSet":  # a new generation would be a new template
                 assert meta.generation == before[key(obj)].generation, key(obj)
             elif obj["kind"] == "Deployment":  # a new template would be a new ReplicaSet
-                wait_for(lambda o=obj: live(client, o).status.observedGeneration ==
+                eventually(lambda o=obj: live(client, o).status.observedGeneration ==
                          live(client, o).metadata.generation, timeout=30,
                          what=f"{key(obj)} observed")
                 assert meta.annotations[REVISION] == before[key(obj)].annotations[REVISION]
@@ -259,8 +261,8 @@ def test_nicop_takes_over_a_real_upstream_install_in_place(
                         live(client, driver_ds).metadata.generation and
                         s.updatedNumberScheduled == s.desiredNumberScheduled)
 
-        wait_for(counted_current, timeout=60, what="the driver pods counted current")
-        wait_for(lambda: policy_state(client) == "ready", timeout=60,
+        eventually(counted_current, timeout=60, what="the driver pods counted current")
+        eventually(lambda: policy_state(client) == "ready", timeout=60,
                  what="the policy ready after the edit")
         assert set(workload_pods(client)) == set(pods_before)
         seen = states.stop()
@@ -279,8 +281,8 @@ def test_nicop_takes_over_a_real_upstream_install_in_place(
             return len(pods) == len(drivers_before) and all(
                 NEW_VERSION in p.spec.containers[0].image and ready(p) for p in pods)
 
-        wait_for(upgraded, timeout=300, what="every driver pod on the new version")
-        wait_for(lambda: policy_state(client) == "ready", timeout=120,
+        eventually(upgraded, timeout=300, what="every driver pod on the new version")
+        eventually(lambda: policy_state(client) == "ready", timeout=120,
                  what="the policy ready after the upgrade")
         seen = states.stop()
         assert not drivers_before & {p.metadata.uid for p in driver_pods(client)}
@@ -293,7 +295,7 @@ def test_nicop_takes_over_a_real_upstream_install_in_place(
 
         # Deleting the policy removes what it rendered; the CRDs and every pool stay.
         client.delete(NicClusterPolicy, "nic-cluster-policy")
-        wait_for(lambda: not any(exists(client, o) for o in objects
+        eventually(lambda: not any(exists(client, o) for o in objects
                                  if o["kind"] in ("DaemonSet", "Deployment")),
                  timeout=120, what="the policy's workloads collected")
         for obj in objects:

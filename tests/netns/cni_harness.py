@@ -301,14 +301,6 @@ class IpamStandIn:
         gate.unlink()
 
 
-def wait_until(condition: Any, what: str, timeout: float = 30) -> None:
-    """Poll `condition()` until it is true (for state another thread or process changes)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
 def build_node(namespaces: Namespaces, vfs: int = 8, name: str | None = None) -> Node:
     """A node with one single-port ConnectX whose `vfs` VFs are veths in the node namespace."""
     name = name or prefix()

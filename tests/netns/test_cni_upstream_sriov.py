@@ -19,7 +19,8 @@ import threading
 from typing import Any
 
 import pytest
-from tests.netns.cni_harness import CniCall, Node, addresses, links, wait_until
+from tests.eventually import eventually
+from tests.netns.cni_harness import CniCall, Node, addresses, links
 
 from nicop.cni.netlink import Netns
 from nicop_sim.pf import RecordingVfControl
@@ -527,7 +528,8 @@ def test_a_second_add_for_a_vf_being_attached_waits_and_is_refused(node: Node) -
     ipam.wait_held("ADD")
     second, second_out = in_thread(lambda: node.cni("sriov", "ADD", config, netns=second_pod,
                                                     container_id="container_2"))
-    wait_until(lambda: lock_waiters(node, vf.pci) == 2, "the second ADD to wait for the VF")
+    eventually(lambda: lock_waiters(node, vf.pci) == 2, 30, "the second ADD to wait for the VF",
+               every=0.01)
     ipam.release("ADD")
     first.join(60)
     second.join(60)
@@ -558,7 +560,8 @@ def test_a_slow_del_finishes_before_the_next_pod_takes_the_vf(node: Node) -> Non
     new = integration_conf(node, 0, vlan=1234)
     adding, add_out = in_thread(lambda: node.cni("sriov", "ADD", new, netns=new_pod,
                                                  container_id="container_2"))
-    wait_until(lambda: lock_waiters(node, vf.pci) == 2, "the new ADD to wait for the VF")
+    eventually(lambda: lock_waiters(node, vf.pci) == 2, 30, "the new ADD to wait for the VF",
+               every=0.01)
     ipam.release("DEL")
     deleting.join(60)
     adding.join(60)

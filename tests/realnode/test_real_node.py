@@ -24,8 +24,9 @@ from lightkube.generic_resource import create_global_resource, create_namespaced
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Namespace, Node, Pod
+from tests.eventually import eventually
 from tests.integration.agent_loop import agents, sample, scrape, stand_ins
-from tests.integration.operator_process import NAMESPACE, OperatorProcess, wait_for
+from tests.integration.operator_process import NAMESPACE, OperatorProcess
 
 from nicop.api import dra
 from nicop.operator.crds import install_crds
@@ -96,12 +97,12 @@ def deployed(real_cluster: LocalCluster, real_client: Client,
     try:
         operator.wait_ready()
         real_client.apply(NicClusterPolicy(**policy()), field_manager="test", force=True)
-        wait_for(lambda: (real_client.get(NicClusterPolicy, "nic-cluster-policy").get("status")
+        eventually(lambda: (real_client.get(NicClusterPolicy, "nic-cluster-policy").get("status")
                           or {}).get("state") == "ready", timeout=240,
                  what="the policy ready, with the real node's components")
         yield real_cluster
         real_client.delete(NicClusterPolicy, "nic-cluster-policy")
-        wait_for(lambda: not pods_on(real_client, NODE), timeout=120,
+        eventually(lambda: not pods_on(real_client, NODE), timeout=120,
                  what="the policy's pods gone from the real node")
     finally:
         operator.stop()
@@ -130,7 +131,7 @@ def every_agent_answers(cluster: LocalCluster, client: Client) -> set[str]:
     """Every agent pod on the real node is Ready (a DaemonSet may be rolling a pod anew), its
     containers started by containerd, and `kubectl logs` and `kubectl exec` reach it; their
     `app` labels."""
-    pods = wait_for(lambda: all_ready(pods_on(client, NODE)), timeout=120,
+    pods = eventually(lambda: all_ready(pods_on(client, NODE)), timeout=120,
                     what="every agent pod on the real node Ready")
     for pod in pods:
         name = pod.metadata.name
@@ -155,7 +156,7 @@ def test_a_workload_gets_its_rdma_devices_in_its_container(
             "resources": {"limits": {RESOURCE: "1"}, "requests": {RESOURCE: "1"}}}]}})
     real_client.create(pod)
     try:
-        wait_for(lambda: ready(real_client.get(Pod, "rdma-workload", namespace="default")),
+        eventually(lambda: ready(real_client.get(Pod, "rdma-workload", namespace="default")),
                  timeout=60, what="the workload running")
         devices = kubectl(deployed, "exec", "-n", "default", "rdma-workload", "--",
                           "ls", "/dev/infiniband").split()
@@ -170,11 +171,11 @@ def sriov(deployed: LocalCluster, real_client: Client) -> Iterator[None]:
     and of a stand-in. Deleted after, and the SR-IOV daemons gone with the VFs they reset."""
     kubectl(deployed, "apply", "-f", str(SRIOV))
     for node in (NODE, STAND_IN):
-        wait_for(lambda n=node: allocatable(real_client, VF_RESOURCE, n) == "8", timeout=180,
+        eventually(lambda n=node: allocatable(real_client, VF_RESOURCE, n) == "8", timeout=180,
                  what=f"8 VFs in the allocatable of {node}")
     yield
     kubectl(deployed, "delete", "-f", str(SRIOV))
-    wait_for(lambda: not [p for p in pods_on(real_client, NODE)
+    eventually(lambda: not [p for p in pods_on(real_client, NODE)
                           if p.metadata.name.startswith("sriov-")], timeout=180,
              what="the SR-IOV daemons gone from the real node")
 
@@ -245,7 +246,7 @@ def test_a_pod_with_a_dra_claim_holds_the_devices_of_its_cdi_spec(
                                  "command": ["sleep", "3600"],
                                  "resources": {"claims": [{"name": "nic"}]}}]}}))
     try:
-        wait_for(lambda: ready(real_client.get(Pod, "dra-workload", namespace="default")),
+        eventually(lambda: ready(real_client.get(Pod, "dra-workload", namespace="default")),
                  timeout=90, what="the DRA workload running")
         claim = real_client.get(ResourceClaim, "one-nic", namespace="default")
         [result] = claim["status"]["allocation"]["devices"]["results"]
@@ -262,7 +263,7 @@ def test_a_pod_with_a_dra_claim_holds_the_devices_of_its_cdi_spec(
         assert mine and mine <= devices and not others & devices, (ibdev, devices)
     finally:
         real_client.delete(Pod, "dra-workload", namespace="default", grace_period=0)
-        wait_for(lambda: not pods_named(real_client, "dra-workload"), timeout=60,
+        eventually(lambda: not pods_named(real_client, "dra-workload"), timeout=60,
                  what="the DRA workload gone")
         real_client.delete(ResourceClaim, "one-nic", namespace="default")
 
@@ -299,10 +300,10 @@ def test_a_pod_on_a_dra_vf_claim_gets_its_network_and_the_claim_shows_what_it_go
              for d in published(real_client, dra.KIND_PF).values())
     host.set_numvfs(pf, 2)
     try:
-        wait_for(lambda: len(published(real_client, dra.KIND_VF)) == 2, timeout=60,
+        eventually(lambda: len(published(real_client, dra.KIND_VF)) == 2, timeout=60,
                  what="the administrator's 2 VFs published")
         kubectl(deployed, "apply", "-f", "-", stdin=without_pods(DRA_VF_NETWORK))
-        wait_for(lambda: any(p.metadata.name.startswith("nicop-cni-daemon") and ready(p)
+        eventually(lambda: any(p.metadata.name.startswith("nicop-cni-daemon") and ready(p)
                              for p in pods_on(real_client, NODE)), timeout=120,
                  what="nicop's CNI daemon ready on the real node for the sriov network")
         real_client.create(Pod.from_dict({
@@ -312,7 +313,7 @@ def test_a_pod_on_a_dra_vf_claim_gets_its_network_and_the_claim_shows_what_it_go
                      "resourceClaims": [{"name": "vf", "resourceClaimTemplateName": "single-vf"}],
                      "containers": [{"name": "app", "image": "nicop:0.1.0", "command": SLEEP,
                                      "resources": {"claims": [{"name": "vf"}]}}]}}))
-        pod = wait_for(lambda: attached(real_client, "dra-vf-workload"), timeout=120,
+        pod = eventually(lambda: attached(real_client, "dra-vf-workload"), timeout=120,
                        what="the DRA VF workload running")
         [generated] = pod.status.resourceClaimStatuses
         claim = real_client.get(ResourceClaim, generated.resourceClaimName, namespace="default")
@@ -332,12 +333,12 @@ def test_a_pod_on_a_dra_vf_claim_gets_its_network_and_the_claim_shows_what_it_go
     finally:
         with contextlib.suppress(ApiError):
             real_client.delete(Pod, "dra-vf-workload", namespace="default")
-        wait_for(lambda: not pods_named(real_client, "dra-vf-workload"), timeout=90,
+        eventually(lambda: not pods_named(real_client, "dra-vf-workload"), timeout=90,
                  what="the DRA VF workload gone, its VF back on the node")
         kubectl(deployed, "delete", "--ignore-not-found", "-f", "-",
                 stdin=without_pods(DRA_VF_NETWORK))
         host.set_numvfs(pf, 0)
-        wait_for(lambda: not published(real_client, dra.KIND_VF), timeout=60,
+        eventually(lambda: not published(real_client, dra.KIND_VF), timeout=60,
                  what="the VFs gone from the slice")
 
 
@@ -353,7 +354,7 @@ def test_a_pod_on_the_sriov_network_has_its_vf_with_its_address_vlan_and_rdma_de
     assert {"sriov-network-config-daemon", "sriov-device-plugin", "nicop-cni-daemon"} <= agents
     real_client.create(vf_workload("vf-workload", NODE))
     try:
-        pod = wait_for(lambda: attached(real_client, "vf-workload"), timeout=90,
+        pod = eventually(lambda: attached(real_client, "vf-workload"), timeout=90,
                        what="the VF workload running")
         status = json.loads(pod.metadata.annotations[NETWORK_STATUS])
         [vf] = [s for s in status if s.get("interface") == "net1"]
@@ -385,7 +386,7 @@ def what_a_user_sees(cluster: LocalCluster, client: Client, node: str) -> dict[s
     name = f"look-{node}"
     client.create(vf_workload(name, node))
     try:
-        pod = wait_for(lambda: attached(client, name), timeout=90, what=f"{name} attached")
+        pod = eventually(lambda: attached(client, name), timeout=90, what=f"{name} attached")
         if node == NODE:
             names, found, fib, _ = look_inside(cluster, name)
             addresses = fib_addresses(fib)
@@ -434,7 +435,7 @@ def test_a_killed_agent_is_restarted_and_its_resource_comes_back_as_on_a_stand_i
     """The RDMA plugin killed on the real node (its container's process) and on a stand-in
     (its process): on both the pod's restartCount goes up by one, it is Ready again and the
     node's pool is back."""
-    wait_for(lambda: rolled_out(real_client), timeout=120, what="every DaemonSet rolled out")
+    eventually(lambda: rolled_out(real_client), timeout=120, what="every DaemonSet rolled out")
     before = {}
     for node in (NODE, STAND_IN):
         plugin = rdma_plugin(real_client, node)
@@ -454,7 +455,7 @@ def test_a_killed_agent_is_restarted_and_its_resource_comes_back_as_on_a_stand_i
             allocatable(real_client, RESOURCE, node) == "63"
 
     for node in (NODE, STAND_IN):
-        wait_for(lambda n=node: back(n), timeout=120,
+        eventually(lambda n=node: back(n), timeout=120,
                  what=f"the plugin on {node} restarted, its pool back")
 
 
@@ -463,7 +464,7 @@ def test_a_restarted_kubelet_gets_the_device_plugins_registered_again_as_on_a_st
     """The real node's kubelet killed (the node starts it again) and a stand-in's device manager
     restarted (SIGHUP): on both the RDMA plugin registers again and the pool comes back, while
     the plugin's pod runs on (no container restart)."""
-    wait_for(lambda: rolled_out(real_client), timeout=120, what="every DaemonSet rolled out")
+    eventually(lambda: rolled_out(real_client), timeout=120, what="every DaemonSet rolled out")
     before = {}
     for node in (NODE, STAND_IN):
         plugin = rdma_plugin(real_client, node)
@@ -471,7 +472,7 @@ def test_a_restarted_kubelet_gets_the_device_plugins_registered_again_as_on_a_st
                         plugin.status.containerStatuses[0].restartCount)
     kubelet = node_process(deployed, "kubelet")
     subprocess.run(["kill", str(kubelet)], check=True)
-    wait_for(lambda: node_process(deployed, "kubelet") not in (None, kubelet), timeout=30,
+    eventually(lambda: node_process(deployed, "kubelet") not in (None, kubelet), timeout=30,
              what="a new kubelet")
     [stand_in] = [pid for pid, node in stand_ins(deployed).items() if node == STAND_IN]
     os.kill(stand_in, signal.SIGHUP)
@@ -482,7 +483,7 @@ def test_a_restarted_kubelet_gets_the_device_plugins_registered_again_as_on_a_st
         return registrations(plugin) > registered and allocatable(real_client, node=node) == "63"
 
     for node in (NODE, STAND_IN):
-        wait_for(lambda n=node: registered_again(n), timeout=60,
+        eventually(lambda n=node: registered_again(n), timeout=60,
                  what=f"the RDMA plugin on {node} registered again, its pool back")
         name, _, restarts = before[node]
         pod = real_client.get(Pod, name, namespace=NAMESPACE)
@@ -594,7 +595,7 @@ def test_cluster_down_leaves_the_machine_as_it_was(
             "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default"},
             "spec": {"containers": [{"name": "c", "image": "nicop:0.1.0",
                                      "command": ["sleep", "3600"]}]}}))
-        wait_for(lambda: ready(client.get(Pod, "p", namespace="default")), timeout=60,
+        eventually(lambda: ready(client.get(Pod, "p", namespace="default")), timeout=60,
                  what="a pod running on the real node")
         during = machine(mark)
         assert {n.split()[1] for n in during["processes"]} >= {"kubelet", "containerd", "pause"}
@@ -604,6 +605,6 @@ def test_cluster_down_leaves_the_machine_as_it_was(
         assert during["cgroups"] and during["links"] and during["netns"]
     # killed processes can take a moment to be reaped by init after `down` returns
     with contextlib.suppress(AssertionError):
-        wait_for(lambda: machine(mark) == before, timeout=15, what="the machine as it was")
+        eventually(lambda: machine(mark) == before, timeout=15, what="the machine as it was")
     after = machine(mark)
     assert after == before, {k: (before[k], after[k]) for k in before if before[k] != after[k]}

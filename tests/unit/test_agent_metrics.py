@@ -9,13 +9,14 @@ import json
 import shutil
 import tempfile
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
+from tests.eventually import until
 
 from nicop.api.agents import METRICS_PORT_NAME, METRICS_PORTS
 from nicop.node.deviceplugin import api_pb2 as pb
@@ -142,14 +143,6 @@ def sockdir() -> Iterator[Path]:
     shutil.rmtree(path)
 
 
-async def polled(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Wait until `predicate()` holds, checking every 50 ms."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
-
-
 def test_device_plugin_metrics_follow_devices_registrations_and_allocations(
         sockdir: Path) -> None:
     resource = "nvidia.com/metrics_vf"
@@ -180,9 +173,9 @@ def test_device_plugin_metrics_follow_devices_registrations_and_allocations(
             await kubelet.restart()  # sockets removed: the plugin registers again
             # The plugin counts a registration once the kubelet has answered it, after the
             # kubelet's own change notice: poll the plugin's figures.
-            await polled(lambda: value(
+            await until(lambda: value(
                 "nicop_device_plugin_registrations_total", resource=resource) == 2)
-            await polled(lambda: value(
+            await until(lambda: value(
                 "nicop_device_plugin_registered", resource=resource) == 1)
 
             server.update([Device("a")])  # "b" went away: no longer counted as handed out

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from tests.eventually import eventually
 from typer.testing import CliRunner
 
 from nicop.cli import app
@@ -111,11 +112,13 @@ def test_run_holds_naming_the_module_that_blocks_and_goes_on_once_it_is_gone(nod
     log = node / "driver.log"
     proc = _driver(node, log, "--preflight-interval", "0.2")
     try:
-        wait_until(lambda: "ib_srp (storage over RDMA) holds" in log.read_text(), proc, log)
+        eventually(lambda: "ib_srp (storage over RDMA) holds" in log.read_text(), 30,
+                   "the agent to report ib_srp's hold", alive=running(proc, log))
         assert "UNLOAD_STORAGE_MODULES=true" in log.read_text()
         assert not (node / READY).exists()
         kernel.rmmod("ib_srp")
-        wait_until(lambda: (node / READY).exists(), proc, log)
+        eventually(lambda: (node / READY).exists(), 30, "the agent ready",
+                   alive=running(proc, log))
         assert "preflight checks pass" in log.read_text()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, log.read_text()
@@ -124,9 +127,10 @@ def test_run_holds_naming_the_module_that_blocks_and_goes_on_once_it_is_gone(nod
             proc.kill()
 
 
-def wait_until(condition: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 30
-    while not condition():
+def running(proc: subprocess.Popen[bytes], log: Path) -> Callable[[], None]:
+    """For eventually(): the agent has not exited (its log says why if it has)."""
+
+    def check() -> None:
         assert proc.poll() is None, log.read_text()
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.1)
+
+    return check
