@@ -45,7 +45,7 @@ def driver_cluster(path: Path, controlplane_bin: Path, nodes: int,
         client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
         client.create(Namespace(metadata=ObjectMeta(name=WORK)))
         eventually(lambda: _exists(client, ServiceAccount, "default", WORK), 30,
-                 "the default service account of namespace work")
+                   "the default service account of namespace work")
         yield cluster, client
 
 
@@ -101,7 +101,7 @@ def budget(client: Client, name: str, labels: dict[str, str], **spec: int) -> No
 
 def wait_running(client: Client, count: int) -> None:
     eventually(lambda: [p.status.phase for p in client.list(Pod, namespace=WORK)]
-             == ["Running"] * count, 60, f"{count} workload pods running")
+               == ["Running"] * count, 60, f"{count} workload pods running")
 
 
 def states(client: Client) -> dict[str, str | None]:
@@ -152,7 +152,7 @@ class StateWatch:
         """Once the watch has told every node as it is now."""
         count = len(list(self.client.list(Node)))
         eventually(lambda: len(self.seen) >= count or self.error, timeout=30,
-                 what="the node watch to start")
+                   what="the node watch to start")
         return self
 
     def stop(self) -> dict[str, list[str | None]]:

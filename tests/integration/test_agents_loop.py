@@ -86,11 +86,11 @@ def running(client: Client, operator: OperatorProcess, cluster: LocalCluster) ->
     """The policy applied with nicop's image for every component, and ready."""
     apply_policy(client, POLICY)
     eventually(lambda: policy_state(client) == "ready", timeout=240,
-             what="the policy with nicop's agents to be ready")
+               what="the policy with nicop's agents to be ready")
     yield
     delete(client, NicClusterPolicy, "nic-cluster-policy")
     eventually(lambda: not policy_daemonsets(client) and not agents(cluster), timeout=120,
-             what="the policy's agents to go")
+               what="the policy's agents to go")
 
 
 def test_every_component_runs_as_an_agent_process_started_by_its_daemonset(
@@ -156,7 +156,7 @@ def test_every_agent_serves_metrics_where_its_pod_says(
             assert addresses.setdefault(address, pod.metadata.name) == pod.metadata.name, \
                 f"{pod.metadata.name} and {addresses[address]} share {address}"
             metrics = eventually(lambda pod=pod: _scrape_or_none(pod), timeout=30,
-                               what=f"/metrics of {pod.metadata.name} at {address}")
+                                 what=f"/metrics of {pod.metadata.name} at {address}")
             node = pod.spec.nodeName
             if ds.metadata.name.startswith("mofed-"):
                 assert sample(metrics, "nicop_driver_info", version=DRIVER) == 1, node
@@ -246,7 +246,7 @@ def test_an_agent_that_cannot_start_crash_loops_and_diagnose_names_it(
     finally:
         apply_policy(client, POLICY)
     eventually(lambda: policy_state(client) == "ready", timeout=120,
-             what="the policy to recover with the good config")
+               what="the policy to recover with the good config")
 
 
 @pytest.mark.parametrize(("app", "command", "wrong_type"), [
@@ -293,7 +293,7 @@ def test_a_config_file_the_agent_cannot_use_is_reported_on_its_pod_and_the_last_
                               (None, "Is a directory")):
             replace(content)
             eventually(lambda says=says: reported("ConfigInvalid", says), timeout=30,
-                     what=f"a ConfigInvalid Event on {name} saying {says!r}")
+                       what=f"a ConfigInvalid Event on {name} saying {says!r}")
             assert [a.pid for a in agents(cluster, IB_NODE) if a.command == command] == \
                 [agent.pid]
             now = client.get(Node, IB_NODE).status.allocatable or {}
@@ -301,7 +301,7 @@ def test_a_config_file_the_agent_cannot_use_is_reported_on_its_pod_and_the_last_
     finally:
         replace(good)
     eventually(lambda: reported("ConfigLoaded", "is valid again"), timeout=30,
-             what=f"a ConfigLoaded Event on {name}")
+               what=f"a ConfigLoaded Event on {name}")
     now = client.get(Pod, name, namespace=NAMESPACE)
     assert now.status.containerStatuses[0].restartCount == restarts
     assert ready(now)
@@ -317,5 +317,5 @@ def test_deleting_the_policy_removes_its_daemonsets_pods_and_processes(
     eventually(lambda: not [p for p in client.list(Pod, namespace=NAMESPACE)
                           if (p.metadata.labels or {}).get("app") in ("rdma-shared-dp", "sriovdp")
                           or "nvidia.com/ofed-driver" in (p.metadata.labels or {})],
-             timeout=120, what="their pods to go")
+               timeout=120, what="their pods to go")
     eventually(lambda: not agents(cluster), timeout=60, what="every agent process to end")

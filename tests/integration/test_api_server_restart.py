@@ -146,26 +146,26 @@ def test_the_operator_and_agents_reconnect_and_converge_after_an_api_server_rest
         client.apply(NicClusterPolicy(**POLICY), field_manager="test", force=True)
         client.apply(node_policy(4), field_manager="test", force=True)
         eventually(lambda: client.list(DaemonSet, namespace=NAMESPACE), timeout=60,
-                 what="the operator to start reconciling")
+                   what="the operator to start reconciling")
         restarted = time.monotonic()
         own.restart("kube-apiserver")
         back = time.monotonic()
         eventually(lambda: converged(client, own, 4), timeout=240,
-                 what="the policy ready, 4 VFs made and advertised after the restart")
+                   what="the policy ready, 4 VFs made and advertised after the restart")
 
         # The agents follow what changes after the restart: their watches are back.
         client.apply(node_policy(2), field_manager="test", force=True)
         eventually(lambda: converged(client, own, 2), timeout=180,
-                 what="2 VFs after the node policy changed")
+                   what="2 VFs after the node policy changed")
         limits = {"nvidia.com/rdma": "1"}
         client.create(Pod(metadata=ObjectMeta(name="after-restart", namespace="default"),
                           spec=PodSpec(containers=[Container(
                               name="app", image="mellanox/rping-test",
                               resources=ResourceRequirements(requests=limits, limits=limits))])))
         eventually(lambda: client.get(Pod, "after-restart", namespace="default").status.phase
-                 == "Running", timeout=60, what="a workload pod to run after the restart")
+                   == "Running", timeout=60, what="a workload pod to run after the restart")
         eventually(lambda: operator.get("/readyz")[0] == 200, timeout=30,
-                 what="the operator ready at the end")
+                   what="the operator ready at the end")
         # An agent tells its readiness through a probe every 10 s: wait for the last answers.
         deadline = time.monotonic() + 60
         while (unready := unready_agents(client)) and time.monotonic() < deadline:

@@ -144,7 +144,7 @@ def test_a_driver_that_is_not_ready(client: Client, kubeconfig: Path, policy: No
         # DaemonSet controller removes the RDMA plugin pod from it.
         eventually(lambda: label(client, "node-2", MOFED_WAIT) == "true", 30, "mofed.wait=true")
         eventually(lambda: not pods_of(client, "rdma-shared-dp-ds", "node-2"), 30,
-                 "the RDMA plugin pod to leave node-2")
+                   "the RDMA plugin pod to leave node-2")
 
         code, report = nicop(kubeconfig, "diagnose", "node", "node-2")
         assert code == 1
@@ -181,7 +181,7 @@ def test_a_device_plugin_pod_kept_off_a_node_by_a_taint(
         for pod in pods_of(client, "rdma-shared-dp-ds", "node-3"):
             client.delete(Pod, pod.metadata.name, namespace=NAMESPACE)
         eventually(lambda: not pods_of(client, "rdma-shared-dp-ds", "node-3"), 30,
-                 "the RDMA plugin pod to be gone from node-3")
+                   "the RDMA plugin pod to be gone from node-3")
 
         code, report = nicop(kubeconfig, "diagnose", "node", "node-3")
         assert code == 1
@@ -194,7 +194,7 @@ def test_a_device_plugin_pod_kept_off_a_node_by_a_taint(
         assert "kubectl taint node node-3 example.com/dedicated-" in plugin["fix"]
         # The DaemonSet counts one node fewer, so the policy still says the plugin is ready.
         eventually(lambda: component_state(client, "state-RDMA-device-plugin") == "ready", 30,
-                 "the RDMA plugin component to look ready")
+                   "the RDMA plugin component to look ready")
         # The driver on the node is fine: the report does not blame it.
         assert check(report, "node/node-3", "driver")["result"] == "pass"
         code, cluster = nicop(kubeconfig, "diagnose")
@@ -204,7 +204,7 @@ def test_a_device_plugin_pod_kept_off_a_node_by_a_taint(
     finally:
         client.patch(Node, "node-3", {"spec": {"taints": None}}, patch_type=PatchType.MERGE)
         eventually(lambda: pods_of(client, "rdma-shared-dp-ds", "node-3"), 60,
-                 "the RDMA plugin pod back on node-3")
+                   "the RDMA plugin pod back on node-3")
 
 
 def test_a_pod_asking_for_a_resource_no_node_advertises(
@@ -305,7 +305,7 @@ def test_a_managed_node_that_loses_its_nfd_label_is_named_with_the_fix(
         # The operator takes mofed.wait off the node it no longer manages; the node still
         # advertises its devices, and is still named.
         eventually(lambda: label(client, "node-1", MOFED_WAIT) is None, 30,
-                 "the operator to let go of node-1")
+                   "the operator to let go of node-1")
         code, report = nicop(kubeconfig, "diagnose")
         assert code == 1 and check(report, "node/node-1", "managed")["fix"].startswith(fix)
         node = next(n for n in nicop(kubeconfig, "status")[1]["nodes"] if n["name"] == "node-1")
@@ -315,6 +315,6 @@ def test_a_managed_node_that_loses_its_nfd_label_is_named_with_the_fix(
         client.patch(Node, "node-1", {"metadata": {"labels": {present: "true"}}},
                      patch_type=PatchType.MERGE)
         eventually(lambda: label(client, "node-1", MOFED_WAIT) == "false", 60,
-                 "node-1's driver ready again")
+                   "node-1's driver ready again")
         eventually(lambda: pods_of(client, "rdma-shared-dp-ds", "node-1"), 60,
-                 "the RDMA plugin back on node-1")
+                   "the RDMA plugin back on node-1")

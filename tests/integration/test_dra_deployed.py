@@ -165,7 +165,7 @@ def deployed(client: Client, operator: OperatorProcess, cluster: LocalCluster) -
     for name in (DRA_POLICY, PLUGIN_POLICY):
         try:
             eventually(lambda n=name: nnp_status(client, n).get("state") == "ready",  # type: ignore[misc]
-                     180, f"NicNodePolicy {name} to become ready")
+                       180, f"NicNodePolicy {name} to become ready")
         except AssertionError as e:
             logs = "".join(f"\n--- {p}\n" + p.read_text()[-3000:]
                            for p in cluster.state_dir.rglob("*.log") if "dra" in str(p))
@@ -176,7 +176,7 @@ def deployed(client: Client, operator: OperatorProcess, cluster: LocalCluster) -
     for node, label in groups.items():
         client.patch(Node, node, {"metadata": {"labels": {label: None}}})
     eventually(lambda: not agents(cluster) and not slices(client, dra.DRIVER), 120,
-             "the policies' agents and slices to go")
+               "the policies' agents and slices to go")
     delete(client, OperatorConfig, "default", NAMESPACE)  # made with the SR-IOV policy
 
 
@@ -208,7 +208,7 @@ def test_device_plugins_and_the_dra_driver_run_side_by_side_on_different_nodes(
     create(kubeconfig, *nic_user(namespace))
 
     pod = eventually(lambda: prepared(client, "nic-user", namespace), 60,
-                   "the claim's CDI devices on its pod")
+                     "the claim's CDI devices on its pod")
     assert pod.spec.nodeName == DRA_NODE
     [cdi] = json.loads(pod.metadata.annotations[ANNOTATION])["devices"]["nic"]
     assert cdi.startswith(f"{dra.DRIVER}/device="), cdi
@@ -233,7 +233,7 @@ def test_the_deployed_plugin_writes_the_cdi_spec_and_releases_it_after_a_restart
     goes with the pod."""
     create(kubeconfig, *nic_user(namespace))
     pod = eventually(lambda: prepared(client, "nic-user", namespace), 60,
-                   "the claim prepared on its pod")
+                     "the claim prepared on its pod")
     claim_name = pod.status.resourceClaimStatuses[0].resourceClaimName
     claim = client.get(ResourceClaim, claim_name, namespace=namespace)
     [result] = claim["status"]["allocation"]["devices"]["results"]
@@ -256,7 +256,7 @@ def test_the_deployed_plugin_writes_the_cdi_spec_and_releases_it_after_a_restart
     delete(client, Pod, "nic-user", namespace)
     eventually(lambda: [a for a in agents(cluster, DRA_NODE)
                       if a.command == "dra-plugin" and a.pid != plugin.pid], 60,
-             "the node stand-in to restart the plugin")
+               "the node stand-in to restart the plugin")
     eventually(lambda: not spec_file.exists(), 60, "the CDI spec removed once the plugin is back")
 
     def claim_gone() -> bool:
@@ -372,7 +372,7 @@ def test_vfs_the_sriov_policy_creates_are_claimable_and_leave_the_slice_when_the
 
     create(kubeconfig, template, user)
     eventually(lambda: any(c.reason == "Unschedulable" for c in pod().status.conditions or []),
-             60, "the claim to find no VFs")
+               60, "the claim to find no VFs")
     client.apply(SriovPolicy(metadata=ObjectMeta(name="dgx-ib-vfs", namespace=NAMESPACE), spec={
         "resourceName": "dgx_ib_vf", "nodeSelector": {"kubernetes.io/hostname": DRA_NODE},
         "numVfs": 4, "nicSelector": {"pfNames": [SRIOV_PF_NAME]}, "isRdma": True,
@@ -391,7 +391,7 @@ def test_vfs_the_sriov_policy_creates_are_claimable_and_leave_the_slice_when_the
         # them, written by the plugin pod under its own node-bound, driver-scoped rights.
         eventually(lambda: prepared(client, "vf-user", namespace), 60, "the VFs prepared")
         reported = eventually(lambda: _device_status(client, pod(), namespace), 30,
-                            "the claim's device status")
+                              "the claim's device status")
         root = cluster.node_root(DRA_NODE)
         assert {r["device"] for r in reported} == taken
         for entry in reported:
@@ -416,7 +416,7 @@ def test_vfs_the_sriov_policy_creates_are_claimable_and_leave_the_slice_when_the
         host.set_link(SRIOV_PF_NAME, False)
         try:
             eventually(lambda: not vfs_published(), 5,
-                     "the VFs of the PF whose link went down to leave the slice")
+                       "the VFs of the PF whose link went down to leave the slice")
             print(f"PF link down to VFs out of the slice: {time.monotonic() - down:.2f}s")
         finally:
             host.set_link(SRIOV_PF_NAME, True)
@@ -424,7 +424,7 @@ def test_vfs_the_sriov_policy_creates_are_claimable_and_leave_the_slice_when_the
         assert not client.get(Pod, "pf-user", namespace=namespace).spec.nodeName
         delete(client, Pod, "vf-user", namespace)
         eventually(lambda: client.get(Pod, "pf-user", namespace=namespace).spec.nodeName
-                 == DRA_NODE, 60, "the PF's claim allocated once its VFs are released")
+                   == DRA_NODE, 60, "the PF's claim allocated once its VFs are released")
         [pf] = _allocation(client, client.get(Pod, "pf-user", namespace=namespace), namespace)
         assert pf["device"] == "pf-0000-18-00-0"
     finally:
@@ -494,18 +494,18 @@ def test_a_vf_claim_made_before_its_policy_binds_once_the_vf_is_ready_or_fails_s
     try:
         eventually(lambda: any(c.reason == "Unschedulable"
                              for c in pod("vf-early").status.conditions or []),
-                 60, "the claim to find no VF")
+                   60, "the claim to find no VF")
         # The config daemons run while a policy exists: one that selects no PF starts them.
         client.apply(policy("no-vfs", "no-such-pf"), field_manager="test", force=True)
         daemon = eventually(config_daemon, 120, f"the config daemon on {DRA_NODE}")
         eventually(lambda: (client.get(NodeState, DRA_NODE, namespace=NAMESPACE).get("status")
                           or {}).get("syncStatus") == "Succeeded", 60,
-                 "the daemon to report the node's PFs (the operator plans from them)")
+                   "the daemon to report the node's PFs (the operator plans from them)")
         os.kill(daemon, signal.SIGSTOP)
         client.apply(policy("early-vfs", SRIOV_PF_NAME), field_manager="test", force=True)
         claim = eventually(lambda: (c := claim_of("vf-early")) and
-                         (c.get("status") or {}).get("allocation") and c,
-                         60, "the claim allocated a planned VF")
+                           (c.get("status") or {}).get("allocation") and c,
+                           60, "the claim allocated a planned VF")
         [result] = claim["status"]["allocation"]["devices"]["results"]
         assert result["bindingConditions"] == [dra.CONDITION_VF_READY]
         eventually(lambda: scheduler_waits("vf-early"), 60, "the scheduler to wait for the VF")
@@ -514,7 +514,7 @@ def test_a_vf_claim_made_before_its_policy_binds_once_the_vf_is_ready_or_fails_s
         assert not pod("vf-early").spec.nodeName, "bound before its VF exists"
         os.kill(daemon, signal.SIGCONT)
         eventually(lambda: pod("vf-early").spec.nodeName == DRA_NODE, 60,
-                 "the pod bound once its VF is ready")
+                   "the pod bound once its VF is ready")
         assert os.path.basename(os.readlink(root / vf / "driver")) == "vfio-pci"
         [entry] = _device_status(client, pod("vf-early"), namespace)
         assert {(c["type"], c["status"]) for c in entry["conditions"]} >= {
@@ -550,7 +550,7 @@ def test_a_vf_claim_made_before_its_policy_binds_once_the_vf_is_ready_or_fails_s
         delete(client, SriovPolicy, "doomed-vfs", NAMESPACE)
         for pf in (SRIOV_PF, other_pf):
             eventually(lambda pf=pf: (root / pf / "sriov_numvfs").read_text().strip() == "0",  # type: ignore[misc]
-                     120, f"the VFs of {pf} to be removed")
+                       120, f"the VFs of {pf} to be removed")
 
 
 def test_upstreams_sriov_resource_policy_chooses_the_vfs_and_their_attributes(
@@ -589,7 +589,7 @@ def test_upstreams_sriov_resource_policy_chooses_the_vfs_and_their_attributes(
                                      "pciAddresses": chosen}]}]}),
             field_manager="test", force=True)
         published = eventually(lambda: (v := vfs()) and len(v) == 2 and v, 30,
-                             "only the policy's 2 VFs published")
+                               "only the policy's 2 VFs published")
         assert sorted(d["attributes"][dra.PCI_ADDRESS]["string"]
                       for d in published.values()) == chosen
         assert all(d["attributes"]["k8s.cni.cncf.io/resourceName"] == {"string": "ib_resource"}
@@ -657,7 +657,7 @@ def test_a_pf_whose_link_goes_down_is_tainted_and_a_claim_only_it_could_serve_wa
         assert taint.get("timeAdded"), "set by the API server"
         create(kubeconfig, *pf_user(namespace, address, "down-pf-user"))
         eventually(lambda: any(c.reason == "Unschedulable" for c in pod().status.conditions or []),
-                 60, "the claim for the tainted PF to wait")
+                   60, "the claim for the tainted PF to wait")
         said = diagnose_pod(kubeconfig, namespace, "down-pf-user")
         assert (f"node {DRA_NODE}: nic: 0 free of 1 rdma.nicop.io, 1 wanted ({device} tainted "
                 f"{dra.TAINT_LINK_DOWN}={ifname}:NoSchedule)") in said, said
@@ -718,7 +718,7 @@ def test_while_the_driver_container_is_not_ready_the_nics_stay_published_and_tai
         eventually(lambda: mofed_wait() == "true", 30, "the operator's mofed.wait=true")
         waiting = time.monotonic()
         eventually(lambda: nics() == {name: [dra.TAINT_DRIVER_NOT_READY] for name in before},
-                 30, "every NIC of the node tainted driver-not-ready")
+                   30, "every NIC of the node tainted driver-not-ready")
         print(f"\nmofed.wait true to NICs tainted: {time.monotonic() - waiting:.2f}s")
         assert plugin_pods() == plugin, "the DRA plugin's pod stays through a driver reload"
     finally:
@@ -798,7 +798,7 @@ def test_64_pods_sharing_one_roce_port_the_64th_waits_until_one_goes(
         first = next(p for p in pods() if p.spec.nodeName == node)
         delete(client, Pod, first.metadata.name, namespace)
         eventually(lambda: client.get(Pod, waiting.metadata.name, namespace=namespace)
-                 .spec.nodeName == node, 60, "the 64th scheduled once a share is free")
+                   .spec.nodeName == node, 60, "the 64th scheduled once a share is free")
     finally:
         for pod in pods():
             client.delete(Pod, pod.metadata.name, namespace=namespace, grace_period=0)
@@ -808,9 +808,9 @@ def test_64_pods_sharing_one_roce_port_the_64th_waits_until_one_goes(
                      patch_type=PatchType.MERGE)
         client.patch(Node, node, {"metadata": {"labels": {GPU: None}}})
         eventually(lambda: not pods() and node not in slices(client, dra.DRIVER)
-                 and "pf-0000-40-00-0" in {d["name"] for s in client.list(ResourceSlice)
+                   and "pf-0000-40-00-0" in {d["name"] for s in client.list(ResourceSlice)
                                            for d in s["spec"].get("devices") or []},
-                 120, "the pods gone and the policy back to whole PFs")
+                   120, "the pods gone and the policy back to whole PFs")
 
 
 def test_a_deployment_asking_for_an_sriov_resource_gets_it_by_dra_or_the_device_plugin(
@@ -860,9 +860,9 @@ def test_a_deployment_asking_for_an_sriov_resource_gets_it_by_dra_or_the_device_
         for node in roots:
             eventually(lambda n=node: numvfs(n) == "2", 180, f"the VFs on {node}")  # type: ignore[misc]
         eventually(lambda: allocatable(client, PLUGIN_NODE, resource) == 2, 60,
-                 f"{resource} advertised by the storage node's device plugin")
+                   f"{resource} advertised by the storage node's device plugin")
         eventually(lambda: dra.sriov_class_name("moving_vf") in classes(client), 30,
-                 "the operator's DeviceClass of the resource")
+                   "the operator's DeviceClass of the resource")
         create_object(kubeconfig, deployment)
 
         def placed() -> dict[str, dict[str, Any]] | None:
@@ -919,7 +919,7 @@ def test_a_deployment_asking_for_an_sriov_resource_gets_it_by_dra_or_the_device_
             client.delete(Deployment, "migrating", namespace=namespace)
         eventually(lambda: not list(client.list(Pod, namespace=namespace,
                                               labels={"app": "migrating"})),
-                 60, "the Deployment's pods to go")
+                   60, "the Deployment's pods to go")
         delete(client, SriovPolicy, "moving-vfs", NAMESPACE)
         for node in roots:
             client.patch(Node, node, {"metadata": {"labels": {group: None}}})

@@ -54,11 +54,11 @@ def driver(client: Client, operator: OperatorProcess, cluster: LocalCluster) -> 
     applied = [VERSIONS[0]]
     apply_policy(client, policy(applied[0]))
     eventually(lambda: policy_state(client) == "ready", timeout=240,
-             what="the driver agents to be ready")
+               what="the driver agents to be ready")
     yield applied
     delete(client, NicClusterPolicy, "nic-cluster-policy")
     eventually(lambda: not policy_daemonsets(client) and not agents(cluster), timeout=120,
-             what="the driver agents to go")
+               what="the driver agents to go")
     for node in client.list(Node):
         if node.spec.unschedulable or STATE_LABEL in (node.metadata.labels or {}):
             client.patch(Node, node.metadata.name, {"spec": {"unschedulable": None},
@@ -111,18 +111,18 @@ def test_an_upgrade_that_would_hurt_the_node_is_held_there_until_fixed(
         apply_policy(client, policy(new, **extra))
         driver.append(new)
         held = eventually(lambda: annotations(client).get(PREFLIGHT_ANNOTATION), timeout=120,
-                        what=f"the driver agent on {NODE} to hold the reload")
+                          what=f"the driver agent on {NODE} to hold the reload")
         assert said in held and fix in held, held
         assert version_matches(loaded(cluster), old)  # the running driver stays
         # the agent records the Event after it annotates the node
         eventually(lambda: any(said in e.message for e in refusals(client)), timeout=30,
-                 what=f"a DriverReloadRefused Event on {NODE} saying {said!r}")
+                   what=f"a DriverReloadRefused Event on {NODE} saying {said!r}")
         report = diagnose(kubeconfig)
         assert "holds the driver reload" in report and said in report and fix in report, report
     finally:
         undo()
     eventually(lambda: upgraded(client, cluster, new), timeout=120,
-             what=f"{NODE} upgraded to {new} once the cause is gone")
+               what=f"{NODE} upgraded to {new} once the cause is gone")
     assert PREFLIGHT_ANNOTATION not in annotations(client)
     assert operator.proc.poll() is None and operator.proc.pid == operator_pid
 

@@ -119,7 +119,7 @@ def workloads(client: Client, pdb_blocks_one_node: bool = False) -> None:
 def start(client: Client, policy: dict[str, Any]) -> None:
     client.apply(NicClusterPolicy(**policy), field_manager="test", force=True)
     eventually(lambda: set(states(client).values()) == {"upgrade-done"}, 120,
-             "every node upgrade-done before the bump")
+               "every node upgrade-done before the bump")
 
 
 def bump(client: Client, policy: dict[str, Any], version: str = NEW_VERSION) -> dict[str, Any]:
@@ -149,7 +149,7 @@ def test_rollout_respects_limits_and_finishes(bclient: Client, op: OperatorProce
         "each node's driver pod is replaced exactly once"
     # The policy's status follows the node labels at its next reconcile.
     eventually(lambda: (bclient.get(NicClusterPolicy, "nic-cluster-policy").get("status") or {})
-             .get("driverUpgrade", {}).get("done") == NODES, 30, "the status to count every node")
+               .get("driverUpgrade", {}).get("done") == NODES, 30, "the status to count every node")
 
 
 def test_a_pdb_that_forbids_eviction_fails_only_its_node(
@@ -174,7 +174,7 @@ def test_a_pdb_that_forbids_eviction_fails_only_its_node(
     eventually(settled, 300, "node-7 to fail and the rest to finish")
     status = eventually(lambda: (bclient.get(NicClusterPolicy, "nic-cluster-policy")["status"]
                                .get("driverUpgrade") or {}).get("failed") == 1 and
-                      bclient.get(NicClusterPolicy, "nic-cluster-policy")["status"], 30, "status")
+                        bclient.get(NicClusterPolicy, "nic-cluster-policy")["status"], 30, "status")
     failure = status["driverUpgrade"]["failedNodes"][0]
     assert failure["name"] == "node-7"
     assert "work/stuck-" in failure["reason"] and "disruption budget stuck" in failure["reason"]
@@ -277,7 +277,7 @@ def test_a_set_based_drain_selector_evicts_exactly_the_pods_it_names(
     bumped = bump(bclient, policy)
     event = eventually(lambda: next((e for e in bclient.list(Event, namespace="default")
                                    if e.reason == "InvalidUpgradePolicy"), None), 60,
-                     "the InvalidUpgradePolicy Event")
+                       "the InvalidUpgradePolicy Event")
     assert "upgradePolicy.drain.podSelector" in event.message, event.message
     ofed = eventually(lambda: ofed_error(bclient), 60, "state-OFED in error")
     assert "spec.ofedDriver.upgradePolicy.drain.podSelector: " in ofed, ofed
@@ -305,7 +305,7 @@ def test_turning_auto_upgrade_off_stops_and_cleans_up(
     bumped = bump(bclient, POLICY)
     eventually(lambda: any(v in ("cordon-required", "wait-for-jobs-required", "drain-required",
                                "pod-restart-required") for v in states(bclient).values()),
-             60, "a node in progress")
+               60, "a node in progress")
     bumped["spec"]["ofedDriver"]["upgradePolicy"]["autoUpgrade"] = False
     bclient.apply(NicClusterPolicy(**bumped), field_manager="test", force=True)
     eventually(lambda: set(states(bclient).values()) == {None}, 60, "upgrade labels removed")
@@ -379,9 +379,9 @@ def test_operator_sigkilled_at_random_moments_of_2_rollouts_upgrades_each_node_o
             op.stop(signal.SIGKILL)
             op.restart()
             eventually(lambda version=version: rolled_out(bclient, version), 300,
-                     f"seed {seed}: the rollout to {version} to finish after the kill")
+                       f"seed {seed}: the rollout to {version} to finish after the kill")
             eventually(lambda before=before: not upgraded_once(observer, before), 30,
-                     f"seed {seed}: the observer to see every new pod")
+                       f"seed {seed}: the observer to see every new pod")
             assert not upgraded_once(observer, before), f"seed {seed}: not upgraded exactly once"
     finally:
         observer.stop()

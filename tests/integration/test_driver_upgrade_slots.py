@@ -113,7 +113,7 @@ def test_a_failed_node_keeps_its_slot_so_at_most_3_nodes_are_ever_cordoned(
     workloads(client)
     client.apply(NicClusterPolicy(**policy(OLD)), field_manager="test", force=True)
     eventually(lambda: set(states(client).values()) == {"upgrade-done"}
-             and len(driver_versions(client)) == NODES, 120, "every node upgrade-done at first")
+               and len(driver_versions(client)) == NODES, 120, "every node upgrade-done at first")
     watch = CordonWatch(client)
     try:
         client.apply(NicClusterPolicy(**policy(NEW)), field_manager="test", force=True)

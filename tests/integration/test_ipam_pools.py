@@ -133,7 +133,7 @@ def test_nodes_get_disjoint_blocks_and_allocate_from_them(
         "subnet": "192.168.0.0/16", "perNodeBlockSize": 254, "gateway": "192.168.0.1",
         "nodeSelector": by_label})
     blocks = eventually(lambda: allocations(client, IPPool, "rdma-pool", namespace), 30,
-                      "IPPool blocks")
+                        "IPPool blocks")
     labelled = sorted(n.metadata.name for n in client.list(Node)
                       if (n.metadata.labels or {}).get(MELLANOX) == "true")
     assert [b["nodeName"] for b in blocks] == labelled, "a block per selected node"
@@ -148,7 +148,7 @@ def test_nodes_get_disjoint_blocks_and_allocate_from_them(
         got = {}
         for daemon, block in zip((first, second), blocks, strict=False):
             rc, out = eventually(lambda d=daemon: (r := d.add("rdma-pool", "c1"))[0] == 0 and r,
-                               30, f"an address on {daemon.node}")
+                                 30, f"an address on {daemon.node}")
             address = ipaddress.ip_interface(out["ips"][0]["address"])
             start, end = (ipaddress.ip_address(block[k]) for k in ("startIP", "endIP"))
             assert start <= address.ip <= end and address.network.prefixlen == 16
@@ -177,11 +177,11 @@ def test_nodes_get_disjoint_blocks_and_allocate_from_them(
         client.patch(IPPool, "small", {"spec": {"nodeSelector": by_name}}, namespace=namespace,
                      patch_type=PatchType.MERGE)
         small = eventually(lambda: len(b := allocations(client, IPPool, "small", namespace)) == 2
-                         and b, 30, "a block for the newly selected node")
+                           and b, 30, "a block for the newly selected node")
         assert {b["nodeName"]: b["startIP"] for b in small} == {
             labelled[1]: "10.0.0.1", labelled[0]: "10.0.0.17"}
         rc, out = eventually(lambda: (r := first.add("small", "c3"))[0] == 0 and r, 30,
-                           "an address from the new block")
+                             "an address from the new block")
         assert out["ips"][0]["address"] == "10.0.0.17/24"
     finally:
         first.close()
@@ -196,7 +196,7 @@ def test_cidrpool_prefixes(
         "routes": [{"dst": "10.200.0.0/16"}],
         "staticAllocations": [{"nodeName": "node-2", "prefix": "10.10.255.0/24"}]})
     prefixes = eventually(lambda: len(a := allocations(client, CIDRPool, "ib-pool", namespace))
-                        == 4 and a, 30, "CIDRPool prefixes")
+                          == 4 and a, 30, "CIDRPool prefixes")
     assert {a["nodeName"]: (a["prefix"], a["gateway"]) for a in prefixes} == {
         "node-1": ("10.10.0.0/24", "10.10.0.1"), "node-2": ("10.10.255.0/24", "10.10.255.1"),
         "node-3": ("10.10.1.0/24", "10.10.1.1"), "node-4": ("10.10.2.0/24", "10.10.2.1")}
@@ -223,7 +223,7 @@ def test_the_cleaner_frees_the_address_of_a_deleted_pod(
     daemon = NodeDaemon(kubeconfig, namespace, "node-1", cleaner_interval=0.2, cleaner_checks=2)
     try:
         eventually(lambda: daemon.add("pool", "alive", "worker", namespace, uid)[0] == 0, 30,
-                 "an address")
+                   "an address")
         # Same name, another UID: the pod it was given to was replaced by a new one.
         assert daemon.add("pool", "replaced", "worker", namespace, "old-uid")[0] == 0
         assert daemon.add("pool", "gone", "never-existed", namespace, "x")[0] == 0
@@ -233,7 +233,7 @@ def test_the_cleaner_frees_the_address_of_a_deleted_pod(
 
         eventually(lambda: holders() == {"alive"}, 30, "stale addresses freed")
         usage = eventually(lambda: ipam_usage(client.get(Node, "node-1").to_dict()).get("pool"),
-                         30, "usage on the node")
+                           30, "usage on the node")
         assert usage == {"allocated": 1, "size": 100}
 
         client.delete(Pod, "worker", namespace=namespace, grace_period=0)
@@ -339,7 +339,7 @@ def test_the_cleaner_keeps_and_frees_as_nv_ipam(client: Client, kubeconfig: Path
             return {r.container_id for rs in snap.values() for r in rs}, sorted(snap)
 
         eventually(lambda: state() == ({"id1", "id2"}, ["pool1", "pool3"]), 30,
-                 "stale reservations freed and pool2 removed")
+                   "stale reservations freed and pool2 removed")
         data = json.loads(store.path.read_text())
         assert sorted(data["pools"]) == ["pool1", "pool3"]
         assert data["pools"]["pool3"]["last_reserved_ip"] == "192.168.33.100"
@@ -397,7 +397,7 @@ def ippool_flows(client: Client, namespace: str, selector_key: str,
     nodes = sorted(n.metadata.name for n in client.list(Node) if n.metadata and n.metadata.name)
     for name in ("my-pool-1", "my-pool-2"):
         blocks = eventually(lambda n=name: len(a := allocations(client, IPPool, n, namespace))
-                          == len(nodes) and a, 30, f"{name}: a block per node")
+                            == len(nodes) and a, 30, f"{name}: a block per node")
         assert node1[name] in blocks, "node-1 keeps its block"
         ends = [b[k] for b in blocks for k in ("startIP", "endIP")]
         assert len(set(ends)) == 2 * len(nodes), "the blocks are disjoint"
@@ -405,7 +405,7 @@ def ippool_flows(client: Client, namespace: str, selector_key: str,
     client.patch(IPPool, "my-pool-1", {"spec": {"gateway": "10.10.0.1"}}, namespace=namespace,
                  patch_type=PatchType.MERGE)
     status = eventually(lambda: (s := pool_status(client, IPPool, "my-pool-1", namespace))
-                      .get("allocations") == [] and s, 30, "an invalid pool's blocks taken back")
+                        .get("allocations") == [] and s, 30, "an invalid pool's blocks taken back")
     assert allocated(status)["reason"] == "InvalidSpec"
     assert allocated(status)["message"] == "spec.gateway: 10.10.0.1 is not in the subnet " \
                                            "192.168.0.0/16"
@@ -415,8 +415,8 @@ def ippool_flows(client: Client, namespace: str, selector_key: str,
         "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
             {"key": selector_key, "operator": "In", "values": ["true"]}]}]}})
     status = eventually(lambda: allocated(pool_status(client, IPPool, "my-pool-3", namespace))
-                      and pool_status(client, IPPool, "my-pool-3", namespace), 30,
-                      "the pool reconciled")
+                        and pool_status(client, IPPool, "my-pool-3", namespace), 30,
+                        "the pool reconciled")
     assert status["allocations"] == []
     assert allocated(status)["message"] == "all 0 selected nodes have a block"
 
@@ -432,7 +432,7 @@ def ippool_flows(client: Client, namespace: str, selector_key: str,
         "172.17.0.101-172.17.0.200"
     label(client, "node-3", selector_key, "true")
     status = eventually(lambda: allocated(s := pool_status(client, IPPool, "my-pool-3", namespace))
-                      .get("reason") == "NoFreeRanges" and s, 30, "node-3 waiting for a block")
+                        .get("reason") == "NoFreeRanges" and s, 30, "node-3 waiting for a block")
     assert block_of("node-3") is None
     assert allocated(status)["message"].startswith("1 of 3 selected nodes have no block (node-3)")
     label(client, "node-2", selector_key, None)
@@ -469,7 +469,7 @@ def cidrpool_flows(client: Client, namespace: str, selector_key: str,
     nodes = sorted(n.metadata.name for n in client.list(Node) if n.metadata and n.metadata.name)
     for name in ("my-pool-1", "my-pool-2"):
         got = eventually(lambda n=name: len(a := allocations(client, CIDRPool, n, namespace))
-                       == len(nodes) and a, 30, f"{name}: a prefix per node")
+                         == len(nodes) and a, 30, f"{name}: a prefix per node")
         assert node1[name] in got, "node-1 keeps its prefix"
     pool1 = allocations(client, CIDRPool, "my-pool-1", namespace)
     assert {"nodeName": "node-3", "prefix": "10.10.100.0/24", "gateway": "10.10.100.10"} in pool1
@@ -480,7 +480,8 @@ def cidrpool_flows(client: Client, namespace: str, selector_key: str,
         "exclusions": None, "staticAllocations": None}}, namespace=namespace,
         patch_type=PatchType.MERGE)
     status = eventually(lambda: (s := pool_status(client, CIDRPool, "my-pool-1", namespace))
-                      .get("allocations") == [] and s, 30, "an invalid pool's prefixes taken back")
+                        .get("allocations") == [] and s, 30,
+                        "an invalid pool's prefixes taken back")
     assert allocated(status)["message"] == ("spec.perNodeNetworkPrefix: 99 must be between 16 "
                                             "(the prefix length of spec.cidr) and 32")
 
@@ -499,7 +500,7 @@ def cidrpool_flows(client: Client, namespace: str, selector_key: str,
     assert eventually(lambda: prefix_of("node-2"), 30, "node-2's prefix") == "10.10.0.128/25"
     label(client, "node-3", selector_key, "true")
     eventually(lambda: allocated(pool_status(client, CIDRPool, "my-pool-3", namespace))
-             .get("reason") == "NoFreePrefixes", 30, "node-3 waiting for a prefix")
+               .get("reason") == "NoFreePrefixes", 30, "node-3 waiting for a prefix")
     assert prefix_of("node-3") is None
     label(client, "node-2", selector_key, None)
     assert eventually(lambda: prefix_of("node-3"), 30, "node-3's prefix") == "10.10.0.128/25"

@@ -116,7 +116,7 @@ class MultusNode:
         self._thread.start()
         eventually(lambda: ((self.root / "run/nicop/multus.sock").exists()
                           and (self.conf_dir / CONF_FILE).exists()) or self._error, 30,
-                 "the multus daemon's socket and 00-multus.conf")
+                   "the multus daemon's socket and 00-multus.conf")
         if self._error is not None:
             raise self._error
 
@@ -195,7 +195,7 @@ def test_the_daemon_wraps_the_default_network_in_00_multus_conf(node: MultusNode
     changed = {**DEFAULT_NETWORK, "plugins": DEFAULT_NETWORK["plugins"][:1]}
     (node.conf_dir / "10-cbr0.conflist").write_text(json.dumps(changed))
     eventually(lambda: json.loads((node.conf_dir / CONF_FILE).read_text())["delegates"]
-             == [changed], 10, "00-multus.conf to follow the default network")
+               == [changed], 10, "00-multus.conf to follow the default network")
     node.stop()
     assert not (node.conf_dir / CONF_FILE).exists(), "--cleanup-config-on-exit"
     assert not (node.root / "run/nicop/multus.sock").exists()

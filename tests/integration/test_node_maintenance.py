@@ -113,7 +113,7 @@ def test_requestor_mode_upgrades_each_node_through_one_node_maintenance(
             spec={"requestorID": OTHER, "nodeName": "node-3", "cordon": True,
                   "drainSpec": {"force": True, "deleteEmptyDir": True, "timeoutSeconds": 90}}))
         eventually(lambda: ready(maintenance(client, "node-3")), 120,
-                 "the other requestor's maintenance of node-3 Ready")
+                   "the other requestor's maintenance of node-3 Ready")
         observer = Observer(client)
         bump(client, policy)
         eventually(lambda: upgraded_but_node_3_held(client), 600, "the rollout to finish")
@@ -132,8 +132,8 @@ def test_requestor_mode_upgrades_each_node_through_one_node_maintenance(
         assert not held["spec"].get("additionalRequestors")  # the upgrade left, did not delete
         client.delete(NodeMaintenance, "nvidia-operator-node-3", namespace="default")
         eventually(lambda: not any(n.spec.unschedulable for n in client.list(Node))
-                 and not list(client.list(NodeMaintenance, namespace="default")),
-                 120, "node-3 released by its owner and uncordoned")
+                   and not list(client.list(NodeMaintenance, namespace="default")),
+                   120, "node-3 released by its owner and uncordoned")
     client.delete(MaintenanceOperatorConfig, "default", namespace=NAMESPACE)
 
 
@@ -168,8 +168,8 @@ def test_requestor_mode_keeps_an_admins_cordon_and_a_blocked_drain_holds_only_it
         assert "work/stuck-" in text and "disruption budget stuck" in text, text
         client.delete(PodDisruptionBudget, "stuck", namespace=WORK)
         eventually(lambda: set(states(client).values()) == {"upgrade-done"}
-                 and not list(client.list(NodeMaintenance, namespace="default")), 300,
-                 "node-7 upgraded once its budget is gone")
+                   and not list(client.list(NodeMaintenance, namespace="default")), 300,
+                   "node-7 upgraded once its budget is gone")
         observer.stop()
         assert observer.max_cordoned <= 4, observer.max_cordoned
         assert [n.metadata.name for n in client.list(Node) if n.spec.unschedulable] == \
@@ -274,7 +274,7 @@ def test_sriov_drains_join_the_rollouts_node_maintenances_and_an_operator_kill_d
         workloads(client)
         start(client, policy)
         eventually(lambda: len(list(client.list(SriovNetworkNodeState, namespace=NAMESPACE)))
-                 == NODES, 60, "a SriovNetworkNodeState per node")
+                   == NODES, 60, "a SriovNetworkNodeState per node")
         for node in nodes:
             client.create(Pod(metadata=ObjectMeta(name=f"sync-{node}", namespace=WORK,
                                                   labels={"job": "sync"}),
@@ -283,12 +283,12 @@ def test_sriov_drains_join_the_rollouts_node_maintenances_and_an_operator_kill_d
         requests, cordons, observer = Requests(client), Cordons(client), Observer(client)
         bump(client, policy)
         eventually(lambda: len(list(client.list(NodeMaintenance, namespace="default"))) == NODES,
-                 120, "the rollout's NodeMaintenance of every node")
+                   120, "the rollout's NodeMaintenance of every node")
         ask_for_drains(client, "Drain_Required", nodes)
         eventually(lambda: all(SRIOV in (nm["spec"].get("additionalRequestors") or [])
                              and nm["spec"]["requestorID"] == REQUESTOR
                              for nm in client.list(NodeMaintenance, namespace="default")),
-                 120, "every SR-IOV drain joining its node's NodeMaintenance")
+                   120, "every SR-IOV drain joining its node's NodeMaintenance")
         for node in nodes:
             client.delete(Pod, f"sync-{node}", namespace=WORK, grace_period=0)
 
@@ -300,10 +300,10 @@ def test_sriov_drains_join_the_rollouts_node_maintenances_and_an_operator_kill_d
         op.stop(signal.SIGKILL)
         op.restart()
         eventually(lambda: not finish_reconfigured(client)
-                 and set(states(client).values()) == {"upgrade-done"}
-                 and not list(client.list(NodeMaintenance, namespace="default"))
-                 and not any(n.spec.unschedulable for n in client.list(Node)),
-                 600, f"seed {seed}: the rollout and every SR-IOV drain to finish")
+                   and set(states(client).values()) == {"upgrade-done"}
+                   and not list(client.list(NodeMaintenance, namespace="default"))
+                   and not any(n.spec.unschedulable for n in client.list(Node)),
+                   600, f"seed {seed}: the rollout and every SR-IOV drain to finish")
         requests.stop()
         cordons.stop()
         observer.stop()

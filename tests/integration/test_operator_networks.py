@@ -66,7 +66,7 @@ def test_each_network_example_produces_its_nad(
             got = eventually(lambda n=name: nad_config(client, n, namespace), 30, f"NAD {name}")
             assert got == config
             status = eventually(lambda b=body: client.get(KINDS[b["kind"]], b["metadata"]["name"])
-                              .get("status"), 30, "status")
+                                .get("status"), 30, "status")
             assert status["state"] == "ready"
             link = f"k8s.cni.cncf.io/v1/namespaces/{namespace}/NetworkAttachmentDefinition/{name}"
             assert link in status.values()
@@ -77,7 +77,7 @@ def test_each_network_example_produces_its_nad(
         finally:
             client.delete(KINDS[body["kind"]], name)
         eventually(lambda n=name: nad_config(client, n, namespace) is None, 30,
-                 f"NAD {name} to go with its network")
+                   f"NAD {name} to go with its network")
 
 
 def test_namespace_move_and_bad_ipam(
@@ -98,7 +98,7 @@ def test_namespace_move_and_bad_ipam(
         body["spec"]["ipam"] = '{"type": "nv-ipam", "poolName": }'
         apply(client, body)
         status = eventually(lambda: (s := client.get(KINDS["MacvlanNetwork"], name).get("status"))
-                          and s.get("state") == "error" and s, 30, "error status")
+                            and s.get("state") == "error" and s, 30, "error status")
         assert "spec.ipam is not valid JSON" in status["reason"]
     finally:
         client.delete(KINDS["MacvlanNetwork"], name)
@@ -131,7 +131,7 @@ def test_second_replica_takes_over_when_the_leader_dies(
         apply(client, body)
         try:
             eventually(lambda: nad_config(client, body["metadata"]["name"], namespace), 30,
-                     "the NAD made by the new leader")
+                       "the NAD made by the new leader")
         finally:
             client.delete(KINDS["IPoIBNetwork"], body["metadata"]["name"])
     finally:
@@ -169,7 +169,7 @@ def test_ovs_network_example_produces_its_nad(
         assert (ready["status"], ready["reason"]) == ("True", "NetworkReady")
 
         refused = eventually(lambda: ready_condition(client, bare["metadata"]["name"]), 30,
-                           "the Ready condition of the network without spec")
+                             "the Ready condition of the network without spec")
         assert refused["status"] == "False"
         assert "spec.resourceName is missing" in refused["message"]
     finally:
@@ -178,4 +178,4 @@ def test_ovs_network_example_produces_its_nad(
     eventually(lambda: nad_config(client, name, namespace) is None, 30, "the NAD to go")
     eventually(lambda: not any(o.metadata.name in (name, bare["metadata"]["name"])
                              for o in client.list(OVS_NETWORK, namespace=NAMESPACE)), 30,
-             "the networks themselves gone (their finalizers removed)")
+               "the networks themselves gone (their finalizers removed)")

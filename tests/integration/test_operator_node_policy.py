@@ -108,7 +108,7 @@ def test_node_groups_run_their_policys_components_and_conflicts_are_reported(
     apply_nnp(client, example("nicnodepolicy-storage-nodes.yaml"))
     for name in ("gpu-nodes", "storage-nodes"):
         eventually(lambda n=name: nnp_status(client, n).get("state") == "ready", 120,  # type: ignore[misc]
-                 f"NicNodePolicy {name} to become ready")
+                   f"NicNodePolicy {name} to become ready")
     eventually(lambda: policy_status(client).get("state") == "ready", 60, "the cluster policy")
 
     gpu_hash, storage_hash = name_hash("gpu-nodes"), name_hash("storage-nodes")
@@ -139,7 +139,7 @@ def test_node_groups_run_their_policys_components_and_conflicts_are_reported(
     # Each pool upgrades by its own policy's upgradePolicy: a new version in gpu-nodes moves
     # node-1 through the upgrade states to the new driver; the storage nodes' drivers stay.
     eventually(lambda: upgrade_states(client) == dict.fromkeys(GROUPS, "upgrade-done"), 60,
-             "every driver node upgrade-done")
+               "every driver node upgrade-done")
     storage_pods = driver_pods(client, storage_drivers)
     bumped = example("nicnodepolicy-gpu-nodes.yaml")
     bumped["spec"]["ofedDriver"]["version"] = NEW_DRIVER
@@ -165,19 +165,19 @@ def test_node_groups_run_their_policys_components_and_conflicts_are_reported(
                        "spec": {"sriovDevicePlugin": example(
                            "nicnodepolicy-storage-nodes.yaml")["spec"]["sriovDevicePlugin"]}})
     eventually(lambda: nnp_status(client, "all-nodes").get("state") == "error", 60,
-             "the overlapping policy's error")
+               "the overlapping policy's error")
     reason = nnp_status(client, "all-nodes")["reason"]
     assert reason.startswith('node selector overlap detected: node "node-1" is selected by '
                              "policies: [all-nodes, gpu-nodes]; node \"node-2\" is selected by "
                              "policies: [all-nodes, storage-nodes]")
     eventually(lambda: nnp_status(client, "gpu-nodes").get("state") == "error", 60,
-             "the overlapped policy's error")
+               "the overlapped policy's error")
     assert not [d for d in client.list(DaemonSet, namespace=NAMESPACE)
                 if d.metadata.name.startswith(f"network-operator-sriov-device-plugin-"
                                               f"{name_hash('all-nodes')}")]
     delete_nnp(client, "all-nodes")
     eventually(lambda: nnp_status(client, "gpu-nodes").get("state") == "ready", 60,
-             "gpu-nodes ready again")
+               "gpu-nodes ready again")
 
     # The cluster policy takes the RDMA plugin too: the GPU nodes' copy goes, both statuses say
     # which policy, section and node.
@@ -193,7 +193,7 @@ def test_node_groups_run_their_policys_components_and_conflicts_are_reported(
     assert '"node-1"' in rdma_state["message"]
     eventually(lambda: any("NicNodePolicy gpu-nodes also has spec.rdmaSharedDevicePlugin"
                          in c["message"] for c in policy_status(client).get("conditions", [])),
-             60, "the section conflict in the cluster policy")
+               60, "the section conflict in the cluster policy")
     eventually(lambda: not pod_nodes(client, rdma), 60, "the node policy's RDMA plugin to go")
     del cluster["spec"]["rdmaSharedDevicePlugin"]
     apply_policy(client, cluster)
@@ -207,7 +207,7 @@ def test_node_groups_run_their_policys_components_and_conflicts_are_reported(
         c.metadata.name for c in client.list(ConfigMap, namespace=NAMESPACE)}, 60,
         "the storage policy's ConfigMap to go")
     eventually(lambda: nnp_status(client, "gpu-nodes").get("state") == "ready", 60,
-             "gpu-nodes ready")
+               "gpu-nodes ready")
     left = {d.metadata.name: d.metadata.uid for d in client.list(DaemonSet, namespace=NAMESPACE)}
     assert {k: uids[k] for k in ("kube-multus-ds", gpu_driver)} == \
         {k: left[k] for k in ("kube-multus-ds", gpu_driver)}

@@ -82,7 +82,7 @@ def test_infiniband_policy_goes_ready_and_orders_plugins_after_the_driver(
 ) -> None:
     apply_policy(client, example("nicclusterpolicy-infiniband.yaml"))
     eventually(lambda: policy_status(client).get("state") == "ready", 90,
-             "the InfiniBand policy to become ready")
+               "the InfiniBand policy to become ready")
     # The way there is told in Events on the policy: first NotReady, then Ready, and no flap
     # back once ready (Event names end in their creation time: they sort in creation order;
     # timestamps have seconds only). The Ready Event follows the status write that says so.
@@ -156,14 +156,14 @@ def test_config_change_rolls_removed_section_is_deleted_and_delete_cleans_up(
     cm = client.get(ConfigMap, "rdma-devices", namespace=NAMESPACE)
     assert "rdma_ib" in cm.data["config.json"]
     eventually(lambda: not any("nv-ipam" in o for o in nicop_objects(client)),
-             what="the nvIpam objects to be deleted")
+               what="the nvIpam objects to be deleted")
     eventually(lambda: states(client).get("state-nv-ipam-cni") == "ignore", what="nv-ipam ignore")
     eventually(lambda: policy_status(client).get("state") == "ready", 60, "ready again")
 
     delete_policy(client)
     eventually(lambda: not nicop_objects(client), what="every object of the policy to be deleted")
     eventually(lambda: set(mofed_wait(client).values()) == {None},
-             what="the mofed.wait labels to be removed")
+               what="the mofed.wait labels to be removed")
 
 
 def test_policy_at_rest_makes_no_writes_even_after_a_restart(
@@ -185,7 +185,7 @@ def test_policy_at_rest_makes_no_writes_even_after_a_restart(
                            patch_type=PatchType.MERGE)
     assert touched.metadata.resourceVersion != version
     eventually(lambda: operator.reconciles("nicclusterpolicy") > reconciled, 30,
-             "the policy reconciled after the change")
+               "the policy reconciled after the change")
     assert operator.writes() == before, "an unchanged policy must cause no write"
 
     restarted = OperatorProcess(kubeconfig, NAMESPACE, tmp_path / "restarted.log")
@@ -193,7 +193,7 @@ def test_policy_at_rest_makes_no_writes_even_after_a_restart(
     try:
         restarted.wait_ready(30)
         eventually(lambda: restarted.reconciles("nicclusterpolicy") >= 1, 30,
-                 "the restarted operator's first reconcile of the policy")
+                   "the restarted operator's first reconcile of the policy")
         assert restarted.writes() == {}, "a restarted operator finds nothing to change"
     finally:
         restarted.stop()
@@ -206,7 +206,7 @@ def test_only_nic_cluster_policy_is_acted_on(client: Client, operator: OperatorP
     apply_policy(client, body)
     try:
         status = eventually(lambda: policy_status(client, "another-policy") or None,
-                          what="status of the ignored policy")
+                            what="status of the ignored policy")
         assert status["state"] == "ignore"
         assert "Only instance with name nic-cluster-policy is supported" in status["reason"]
         assert not nicop_objects(client)
@@ -277,7 +277,7 @@ def test_nic_configuration_and_spectrum_x_go_ready_and_say_what_nicop_lacks(
     storage = body["spec"]["nicConfigurationOperator"].pop("nicFirmwareStorage")
     apply_policy(client, body)
     eventually(lambda: policy_status(client).get("state") == "ready", 90,
-             "the NIC configuration and Spectrum-X policy to become ready")
+               "the NIC configuration and Spectrum-X policy to become ready")
     assert states(client)["state-nic-configuration-operator"] == "ready"
     assert states(client)["state-spectrum-x-operator"] == "ready"
     objects = nicop_objects(client)
@@ -305,5 +305,5 @@ def test_nic_configuration_and_spectrum_x_go_ready_and_say_what_nicop_lacks(
         return str(applied.get("state-nic-configuration-operator", {}).get("message", ""))
 
     text = eventually(lambda: "nic-fw-storage-pvc is Pending" in pending() and pending(), 60,
-                    "the unbound firmware PVC in status")
+                      "the unbound firmware PVC in status")
     assert "nic-fw-storage-class" in text

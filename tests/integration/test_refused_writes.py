@@ -80,7 +80,7 @@ def test_a_daemonset_with_another_selector_is_taken_over_without_a_gap(
                                       image="ghcr.io/k8snetworkplumbingwg/multus-cni:v4.0.2")]))),
     ))
     nodes = eventually(lambda: (pods := multus_pods(client)) and all(ready(p) for p in pods)
-                     and {p.spec.nodeName for p in pods}, what="upstream's Multus pods")
+                       and {p.spec.nodeName for p in pods}, what="upstream's Multus pods")
     gaps: list[str] = []
     stop = threading.Event()
 
@@ -95,7 +95,7 @@ def test_a_daemonset_with_another_selector_is_taken_over_without_a_gap(
     try:
         apply_policy(client, POLICY)
         eventually(lambda: policy_status(client).get("state") == "ready", timeout=120,
-                 what="the policy to be ready")
+                   what="the policy to be ready")
 
         def replaced() -> bool:
             pods = multus_pods(client)
@@ -145,7 +145,7 @@ def test_a_refused_write_fails_only_its_component_and_replaces_a_planted_status(
     eventually(lambda: [e for e in client.list(Event, namespace="default")
                       if e.involvedObject.name == "nic-cluster-policy"
                       and e.reason == "ApplyFailed" and "rdma-devices" in e.message],
-             what="an ApplyFailed Event on the policy")
+               what="an ApplyFailed Event on the policy")
 
     planted = {"state": "ready", "appliedStates": [{"name": "state-multus-cni",
                                                     "state": "ready"}],
@@ -155,5 +155,5 @@ def test_a_refused_write_fails_only_its_component_and_replaces_a_planted_status(
     client.patch(NicClusterPolicy.Status, "nic-cluster-policy", {"status": planted},
                  patch_type=PatchType.MERGE, field_manager="other")
     eventually(lambda: policy_status(client).get("state") == "error"
-             and "state-RDMA-device-plugin" in states(client), timeout=15,
-             what="nicop's own status back")
+               and "state-RDMA-device-plugin" in states(client), timeout=15,
+               what="nicop's own status back")

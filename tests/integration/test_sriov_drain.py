@@ -114,7 +114,7 @@ def workload(client: Client, resource: str, replicas: int) -> None:
                       spec=PodSpec(nodeName=NODES[0],
                                    containers=[Container(name="c", image="busybox")])))
     eventually(lambda: sum(p.status.phase == "Running" for p in client.list(Pod, namespace=WORK))
-             == replicas + 1, 90, "the workload running")
+               == replicas + 1, 90, "the workload running")
 
 
 def pod_uids(client: Client) -> set[str]:

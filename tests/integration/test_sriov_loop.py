@@ -104,10 +104,10 @@ def test_the_config_daemon_pod_creates_the_vfs_and_the_plugin_advertises_them(
 
     eventually(state, timeout=180, what=f"{VFS} VFs on {NODE} and its node state Succeeded")
     eventually(lambda: allocatable(client, NODE, "nvidia.com/cx6dx_vf") == VFS, timeout=60,
-             what=f"{VFS} nvidia.com/cx6dx_vf on {NODE}")
+               what=f"{VFS} nvidia.com/cx6dx_vf on {NODE}")
     eventually(lambda: [p for p in pods(client, NAMESPACE, {"app": "sriov-network-config-daemon"})
                       if p.spec.nodeName == NODE and ready(p)], timeout=60,
-             what=f"the config daemon pod on {NODE} to be Ready")
+               what=f"the config daemon pod on {NODE} to be Ready")
     config = client.get(OperatorConfig, "default", namespace=NAMESPACE)
     assert config["spec"]["configDaemonNodeSelector"] == {}  # upstream's default object
     parent = {pid for pid, node in stand_ins(cluster).items() if node == NODE}
@@ -130,7 +130,7 @@ def test_the_config_daemon_pod_creates_the_vfs_and_the_plugin_advertises_them(
 def test_a_pod_on_the_sriov_network_gets_a_vf_and_an_address(
         client: Client, cluster: LocalCluster, namespace: str, policy: None) -> None:
     eventually(lambda: allocatable(client, NODE, "nvidia.com/cx6dx_vf") == VFS, timeout=180,
-             what="the VFs to be advertised")
+               what="the VFs to be advertised")
     client.create(IPPool(metadata=ObjectMeta(name="loop-pool", namespace=NAMESPACE), spec={
         "subnet": "10.77.0.0/16", "perNodeBlockSize": 64, "gateway": "10.77.0.1"}))
     client.create(SriovNetwork(metadata=ObjectMeta(name="loop-net", namespace=NAMESPACE), spec={
@@ -139,7 +139,7 @@ def test_a_pod_on_the_sriov_network_gets_a_vf_and_an_address(
     try:
         eventually(lambda: [p for p in pods(client, NAMESPACE, {"app": "nicop-cni-daemon"})
                           if p.spec.nodeName == NODE and ready(p)], timeout=120,
-                 what=f"the CNI daemon on {NODE}")
+                   what=f"the CNI daemon on {NODE}")
         limits = {"nvidia.com/cx6dx_vf": "1"}
         client.create(Pod(
             metadata=ObjectMeta(name="vf-workload", namespace=namespace,
@@ -183,7 +183,7 @@ def test_a_pod_on_the_sriov_network_gets_a_vf_and_an_address(
 
         delete(client, Pod, "vf-workload", namespace)
         eventually(lambda: not os.path.exists(f"/run/netns/{netns}"), timeout=60,
-                 what="the pod's network namespace to go")
+                   what="the pod's network namespace to go")
         node_links = subprocess.run(["ip", "-n", cluster.netns_of(NODE), "-j", "link", "show"],
                                     capture_output=True, text=True, check=True).stdout
         assert netdev in [link["ifname"] for link in json.loads(node_links)]
@@ -194,7 +194,7 @@ def test_a_pod_on_the_sriov_network_gets_a_vf_and_an_address(
         delete(client, SriovNetwork, "loop-net", NAMESPACE)
         delete(client, IPPool, "loop-pool", NAMESPACE)
         eventually(lambda: "nicop-cni-daemon" not in daemonsets(client), timeout=120,
-                 what="the CNI daemon to go with the last network")
+                   what="the CNI daemon to go with the last network")
 
 
 def test_a_config_daemon_killed_between_creating_vfs_and_binding_them_converges(
@@ -229,7 +229,7 @@ def test_a_config_daemon_killed_between_creating_vfs_and_binding_them_converges(
             return None
 
         pid = eventually(stopped, timeout=180, what=f"the config daemon on {node} to reach the "
-                       "fault")
+                         "fault")
         assert host.read_int(f"/sys/bus/pci/devices/{pf}/sriov_numvfs") == 2
         assert bound(0) != "vfio-pci", "stopped before binding"
         os.kill(pid, signal.SIGKILL)
@@ -250,4 +250,4 @@ def test_a_config_daemon_killed_between_creating_vfs_and_binding_them_converges(
     finally:
         delete(client, NodePolicy, "kill-dpdk", NAMESPACE)
         eventually(lambda: host.read_int(f"/sys/bus/pci/devices/{pf}/sriov_numvfs") == 0,
-                 timeout=120, what=f"the VFs of {pf} to be removed")
+                   timeout=120, what=f"the VFs of {pf} to be removed")

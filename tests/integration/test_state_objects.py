@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+from tests.eventually import until
 
 from nicop.api.labels import OWNER_LABEL, OWNER_VALUE, STATE_LABEL
 from nicop.kube.client import ApiClient
@@ -24,14 +26,6 @@ STATE = "state-test-objects"
 GROUP = "objects.test.nicop.io"
 RENDERED_CRD = f"widgets.{GROUP}"
 UPSTREAM_CRD = f"gadgets.{GROUP}"
-
-
-async def eventually(check: Callable[[], Any], timeout: float = 30) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not (result := await check() if asyncio.iscoroutinefunction(check) else check()):
-        assert asyncio.get_running_loop().time() < deadline, f"timed out: {check}"
-        await asyncio.sleep(0.1)
-    return result
 
 
 class Rig:
@@ -70,7 +64,7 @@ async def running_rig(kubeconfig: Path, namespace: str) -> AsyncIterator[Rig]:
                                 res=NIC_CLUSTER_POLICY)
     rig = Rig(client, namespace, policy)
     task = asyncio.create_task(rig.manager.run())
-    await eventually(lambda: all(i.synced.is_set() for i in rig.manager.informers.values()))
+    await until(lambda: all(i.synced.is_set() for i in rig.manager.informers.values()))
     try:
         yield rig
     finally:
@@ -113,7 +107,7 @@ async def shrink(kubeconfig: Path, namespace: str) -> None:
         await rig.client.apply(upstream_crd)
 
         rig.rendered = ["crd", "configmap"]
-        await eventually(lambda: rig.cached(CONFIGMAP, f"{rig.namespace}/upstream-made")
+        await until(lambda: rig.cached(CONFIGMAP, f"{rig.namespace}/upstream-made")
                          and rig.cached(CRD, UPSTREAM_CRD))
         first = await rig.apply()
         crd = await rig.client.get(CRD, RENDERED_CRD)
@@ -124,7 +118,7 @@ async def shrink(kubeconfig: Path, namespace: str) -> None:
         rig.rendered = []  # the state shrinks to nothing
         applied = await rig.apply()
         assert applied.message == "deleting 1 stale objects"
-        await eventually(lambda: rig.cached(CONFIGMAP, f"{rig.namespace}/nicop-made") is None)
+        await until(lambda: rig.cached(CONFIGMAP, f"{rig.namespace}/nicop-made") is None)
         applied = await rig.apply()
         assert applied.state == "ready"
         assert f"CustomResourceDefinition {RENDERED_CRD} is kept" in applied.message

@@ -69,7 +69,7 @@ def remove_policy(client: Client) -> None:
             with contextlib.suppress(ApiError):
                 client.delete(cluster_kind, obj.metadata.name)
     eventually(lambda: not list(client.list(DaemonSet, namespace=NAMESPACE, labels=owned)), 30,
-             "the policy's DaemonSets to be gone")
+               "the policy's DaemonSets to be gone")
 
 
 @pytest.fixture(scope="module")

@@ -195,7 +195,7 @@ def upstream_install(client: Client, crds: list[str]) -> Iterator[list[dict[str,
                     raise
         eventually(lambda: not [o for o in objects if o["kind"] != "CustomResourceDefinition"
                               and exists(client, o)], timeout=120,
-                 what="the policy's objects collected")
+                   what="the policy's objects collected")
         for node in managed:
             client.patch(Node, node, {"metadata": {"labels": {
                 MOFED_WAIT: None, UPGRADE_STATE: None}}}, patch_type=PatchType.MERGE)
@@ -221,13 +221,13 @@ def test_nicop_takes_over_a_real_upstream_install_in_place(
     try:
         operator.wait_ready()
         eventually(lambda: policy_state(client) == "ready", timeout=180,
-                 what="the policy to be ready on upstream's objects")
+                   what="the policy to be ready on upstream's objects")
         # The two CRDs upstream's nv-ipam state made are adopted as nicop's: not the state's,
         # not owned by the policy.
         eventually(lambda: all(not c.metadata.ownerReferences and STATE not in (
             c.metadata.labels or {}) for c in (live(client, o) for o in objects
                                                if o["kind"] == "CustomResourceDefinition")),
-                 timeout=30, what="the nv-ipam CRDs adopted")
+                   timeout=30, what="the nv-ipam CRDs adopted")
         for obj in objects:  # every object upstream's, kept; no workload template rewritten
             meta = live(client, obj).metadata
             assert meta.uid == before[key(obj)].uid, key(obj)
@@ -235,8 +235,8 @@ def test_nicop_takes_over_a_real_upstream_install_in_place(
                 assert meta.generation == before[key(obj)].generation, key(obj)
             elif obj["kind"] == "Deployment":  # a new template would be a new ReplicaSet
                 eventually(lambda o=obj: live(client, o).status.observedGeneration ==
-                         live(client, o).metadata.generation, timeout=30,
-                         what=f"{key(obj)} observed")
+                           live(client, o).metadata.generation, timeout=30,
+                           what=f"{key(obj)} observed")
                 assert meta.annotations[REVISION] == before[key(obj)].annotations[REVISION]
         assert allocations(client) == pools_before
         pods = workload_pods(client)
@@ -263,7 +263,7 @@ def test_nicop_takes_over_a_real_upstream_install_in_place(
 
         eventually(counted_current, timeout=60, what="the driver pods counted current")
         eventually(lambda: policy_state(client) == "ready", timeout=60,
-                 what="the policy ready after the edit")
+                   what="the policy ready after the edit")
         assert set(workload_pods(client)) == set(pods_before)
         seen = states.stop()
         assert {n: s for n, s in seen.items() if set(s) - {"upgrade-done", None}} == {}, \
@@ -283,7 +283,7 @@ def test_nicop_takes_over_a_real_upstream_install_in_place(
 
         eventually(upgraded, timeout=300, what="every driver pod on the new version")
         eventually(lambda: policy_state(client) == "ready", timeout=120,
-                 what="the policy ready after the upgrade")
+                   what="the policy ready after the upgrade")
         seen = states.stop()
         assert not drivers_before & {p.metadata.uid for p in driver_pods(client)}
         assert all("upgrade-done" in s and set(s) & IN_PROGRESS for n, s in seen.items()
@@ -297,7 +297,7 @@ def test_nicop_takes_over_a_real_upstream_install_in_place(
         client.delete(NicClusterPolicy, "nic-cluster-policy")
         eventually(lambda: not any(exists(client, o) for o in objects
                                  if o["kind"] in ("DaemonSet", "Deployment")),
-                 timeout=120, what="the policy's workloads collected")
+                   timeout=120, what="the policy's workloads collected")
         for obj in objects:
             if obj["kind"] == "CustomResourceDefinition":
                 assert live(client, obj).metadata.uid == before[key(obj)].uid

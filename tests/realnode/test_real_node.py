@@ -99,11 +99,11 @@ def deployed(real_cluster: LocalCluster, real_client: Client,
         real_client.apply(NicClusterPolicy(**policy()), field_manager="test", force=True)
         eventually(lambda: (real_client.get(NicClusterPolicy, "nic-cluster-policy").get("status")
                           or {}).get("state") == "ready", timeout=240,
-                 what="the policy ready, with the real node's components")
+                   what="the policy ready, with the real node's components")
         yield real_cluster
         real_client.delete(NicClusterPolicy, "nic-cluster-policy")
         eventually(lambda: not pods_on(real_client, NODE), timeout=120,
-                 what="the policy's pods gone from the real node")
+                   what="the policy's pods gone from the real node")
     finally:
         operator.stop()
 
@@ -132,7 +132,7 @@ def every_agent_answers(cluster: LocalCluster, client: Client) -> set[str]:
     containers started by containerd, and `kubectl logs` and `kubectl exec` reach it; their
     `app` labels."""
     pods = eventually(lambda: all_ready(pods_on(client, NODE)), timeout=120,
-                    what="every agent pod on the real node Ready")
+                      what="every agent pod on the real node Ready")
     for pod in pods:
         name = pod.metadata.name
         for status in pod.status.containerStatuses or []:
@@ -157,7 +157,7 @@ def test_a_workload_gets_its_rdma_devices_in_its_container(
     real_client.create(pod)
     try:
         eventually(lambda: ready(real_client.get(Pod, "rdma-workload", namespace="default")),
-                 timeout=60, what="the workload running")
+                   timeout=60, what="the workload running")
         devices = kubectl(deployed, "exec", "-n", "default", "rdma-workload", "--",
                           "ls", "/dev/infiniband").split()
         assert {"uverbs0", "uverbs1", "umad0", "umad1", "rdma_cm"} <= set(devices), devices
@@ -172,12 +172,12 @@ def sriov(deployed: LocalCluster, real_client: Client) -> Iterator[None]:
     kubectl(deployed, "apply", "-f", str(SRIOV))
     for node in (NODE, STAND_IN):
         eventually(lambda n=node: allocatable(real_client, VF_RESOURCE, n) == "8", timeout=180,
-                 what=f"8 VFs in the allocatable of {node}")
+                   what=f"8 VFs in the allocatable of {node}")
     yield
     kubectl(deployed, "delete", "-f", str(SRIOV))
     eventually(lambda: not [p for p in pods_on(real_client, NODE)
                           if p.metadata.name.startswith("sriov-")], timeout=180,
-             what="the SR-IOV daemons gone from the real node")
+               what="the SR-IOV daemons gone from the real node")
 
 
 # A workload that ends on SIGTERM: deleted as kubectl does, its networks (the VF) are torn down
@@ -247,7 +247,7 @@ def test_a_pod_with_a_dra_claim_holds_the_devices_of_its_cdi_spec(
                                  "resources": {"claims": [{"name": "nic"}]}}]}}))
     try:
         eventually(lambda: ready(real_client.get(Pod, "dra-workload", namespace="default")),
-                 timeout=90, what="the DRA workload running")
+                   timeout=90, what="the DRA workload running")
         claim = real_client.get(ResourceClaim, "one-nic", namespace="default")
         [result] = claim["status"]["allocation"]["devices"]["results"]
         ibdev = next(d["attributes"][dra.RDMA_DEVICE]["string"]
@@ -264,7 +264,7 @@ def test_a_pod_with_a_dra_claim_holds_the_devices_of_its_cdi_spec(
     finally:
         real_client.delete(Pod, "dra-workload", namespace="default", grace_period=0)
         eventually(lambda: not pods_named(real_client, "dra-workload"), timeout=60,
-                 what="the DRA workload gone")
+                   what="the DRA workload gone")
         real_client.delete(ResourceClaim, "one-nic", namespace="default")
 
 
@@ -301,11 +301,11 @@ def test_a_pod_on_a_dra_vf_claim_gets_its_network_and_the_claim_shows_what_it_go
     host.set_numvfs(pf, 2)
     try:
         eventually(lambda: len(published(real_client, dra.KIND_VF)) == 2, timeout=60,
-                 what="the administrator's 2 VFs published")
+                   what="the administrator's 2 VFs published")
         kubectl(deployed, "apply", "-f", "-", stdin=without_pods(DRA_VF_NETWORK))
         eventually(lambda: any(p.metadata.name.startswith("nicop-cni-daemon") and ready(p)
                              for p in pods_on(real_client, NODE)), timeout=120,
-                 what="nicop's CNI daemon ready on the real node for the sriov network")
+                   what="nicop's CNI daemon ready on the real node for the sriov network")
         real_client.create(Pod.from_dict({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "dra-vf-workload", "namespace": "default"},
@@ -314,7 +314,7 @@ def test_a_pod_on_a_dra_vf_claim_gets_its_network_and_the_claim_shows_what_it_go
                      "containers": [{"name": "app", "image": "nicop:0.1.0", "command": SLEEP,
                                      "resources": {"claims": [{"name": "vf"}]}}]}}))
         pod = eventually(lambda: attached(real_client, "dra-vf-workload"), timeout=120,
-                       what="the DRA VF workload running")
+                         what="the DRA VF workload running")
         [generated] = pod.status.resourceClaimStatuses
         claim = real_client.get(ResourceClaim, generated.resourceClaimName, namespace="default")
         [result] = claim["status"]["allocation"]["devices"]["results"]
@@ -334,12 +334,12 @@ def test_a_pod_on_a_dra_vf_claim_gets_its_network_and_the_claim_shows_what_it_go
         with contextlib.suppress(ApiError):
             real_client.delete(Pod, "dra-vf-workload", namespace="default")
         eventually(lambda: not pods_named(real_client, "dra-vf-workload"), timeout=90,
-                 what="the DRA VF workload gone, its VF back on the node")
+                   what="the DRA VF workload gone, its VF back on the node")
         kubectl(deployed, "delete", "--ignore-not-found", "-f", "-",
                 stdin=without_pods(DRA_VF_NETWORK))
         host.set_numvfs(pf, 0)
         eventually(lambda: not published(real_client, dra.KIND_VF), timeout=60,
-                 what="the VFs gone from the slice")
+                   what="the VFs gone from the slice")
 
 
 def test_a_pod_on_the_sriov_network_has_its_vf_with_its_address_vlan_and_rdma_devices(
@@ -355,7 +355,7 @@ def test_a_pod_on_the_sriov_network_has_its_vf_with_its_address_vlan_and_rdma_de
     real_client.create(vf_workload("vf-workload", NODE))
     try:
         pod = eventually(lambda: attached(real_client, "vf-workload"), timeout=90,
-                       what="the VF workload running")
+                         what="the VF workload running")
         status = json.loads(pod.metadata.annotations[NETWORK_STATUS])
         [vf] = [s for s in status if s.get("interface") == "net1"]
         assert vf["name"] == "default/roce-vlan100"
@@ -456,7 +456,7 @@ def test_a_killed_agent_is_restarted_and_its_resource_comes_back_as_on_a_stand_i
 
     for node in (NODE, STAND_IN):
         eventually(lambda n=node: back(n), timeout=120,
-                 what=f"the plugin on {node} restarted, its pool back")
+                   what=f"the plugin on {node} restarted, its pool back")
 
 
 def test_a_restarted_kubelet_gets_the_device_plugins_registered_again_as_on_a_stand_in(
@@ -473,7 +473,7 @@ def test_a_restarted_kubelet_gets_the_device_plugins_registered_again_as_on_a_st
     kubelet = node_process(deployed, "kubelet")
     subprocess.run(["kill", str(kubelet)], check=True)
     eventually(lambda: node_process(deployed, "kubelet") not in (None, kubelet), timeout=30,
-             what="a new kubelet")
+               what="a new kubelet")
     [stand_in] = [pid for pid, node in stand_ins(deployed).items() if node == STAND_IN]
     os.kill(stand_in, signal.SIGHUP)
 
@@ -484,7 +484,7 @@ def test_a_restarted_kubelet_gets_the_device_plugins_registered_again_as_on_a_st
 
     for node in (NODE, STAND_IN):
         eventually(lambda n=node: registered_again(n), timeout=60,
-                 what=f"the RDMA plugin on {node} registered again, its pool back")
+                   what=f"the RDMA plugin on {node} registered again, its pool back")
         name, _, restarts = before[node]
         pod = real_client.get(Pod, name, namespace=NAMESPACE)
         assert pod.status.containerStatuses[0].restartCount == restarts, node
@@ -596,7 +596,7 @@ def test_cluster_down_leaves_the_machine_as_it_was(
             "spec": {"containers": [{"name": "c", "image": "nicop:0.1.0",
                                      "command": ["sleep", "3600"]}]}}))
         eventually(lambda: ready(client.get(Pod, "p", namespace="default")), timeout=60,
-                 what="a pod running on the real node")
+                   what="a pod running on the real node")
         during = machine(mark)
         assert {n.split()[1] for n in during["processes"]} >= {"kubelet", "containerd", "pause"}
         started = set(cluster.state().processes)

@@ -270,7 +270,7 @@ class Recorded(Reporter):
     async def info(self, reason: str, message: str) -> None:
         self.reports.append((reason, message))
 
-    async def eventually(self, reason: str, says: str) -> None:
+    async def wait_for(self, reason: str, says: str) -> None:
         async with asyncio.timeout(10):
             while not any(r == reason and says in m for r, m in self.reports):
                 await asyncio.sleep(0.05)
