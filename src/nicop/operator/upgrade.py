@@ -75,7 +75,7 @@ from nicop.kube.resources import CONTROLLER_REVISION, NODE, POD, Obj
 from nicop.kube.resources import NIC_CLUSTER_POLICY as NCP
 from nicop.kube.times import parse, stamp, utcnow
 from nicop.operator import metrics
-from nicop.operator.drain import evictable, max_unavailable
+from nicop.operator.drain import evictable, max_unavailable, pod_name
 from nicop.operator.drain import refusal as drain_refusal
 from nicop.operator.maintenance import reason_of
 from nicop.operator.maintenance_requestor import (
@@ -524,7 +524,7 @@ class UpgradeController:
         for pod in pods:
             if not evictable(pod, selector):
                 continue
-            name = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+            name = pod_name(pod)
             remaining.append(name)
             if pod["metadata"].get("deletionTimestamp"):
                 continue
