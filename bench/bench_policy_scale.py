@@ -5,19 +5,28 @@ operator process: CPU seconds (utime+stime) from apply to `state: ready` and fro
 to ready, CPU and API writes at rest over `--rest` seconds after ready, peak and final RSS, API
 requests by verb and resource, bytes received from watches by resource, and with
 `--trace-memory` the lines of nicop's code that hold the most memory (tracing slows the process:
-its CPU and RSS figures are then not comparable). A sweep ends with how each figure grows.
+its CPU and RSS figures are then not comparable); with `--profile DIR` a py-spy profile of the
+operator from apply to ready (collapsed stacks, DIR/operator-N.txt) and its hottest functions.
+A sweep ends with how each figure grows.
 
 The policy is upstream's example without `maxUnavailable`, so the figures compare with the Go
 operator's on the same input.
 Run from the repository root:
   .venv/bin/python -m bench.bench_policy_scale --nodes 100 1000 3000 [--rest 60] [--trace-memory]
+      [--profile DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
+import subprocess
+import sys
 import tempfile
 import time
+from collections import Counter
+from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -54,14 +63,16 @@ def writes(requests: dict[tuple[str, str], int]) -> int:
                if verb in WRITE_VERBS and res not in ("leases", "events"))
 
 
-def one_run(nodes: int, rest: float, trace_memory: bool) -> dict[str, float]:
+def one_run(nodes: int, rest: float, trace_memory: bool,
+            profile: Path | None) -> dict[str, float]:
     print(f"\n=== {nodes} nodes ===", flush=True)
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp, cluster_with_operator(
         Path(tmp), nodes, ["cx6dx", "dgx", "cx6dx"], trace_memory=trace_memory
     ) as op:
         cpu_start = op.cpu_seconds()
-        op.client.apply(NCP(**policy()), field_manager="bench", force=True)
-        took = op.wait_policy()
+        with profiled(op.proc.pid, profile / f"operator-{nodes}.txt" if profile else None):
+            op.client.apply(NCP(**policy()), field_manager="bench", force=True)
+            took = op.wait_policy()
         cpu_ready = op.cpu_seconds()
         before = op.requests()
         time.sleep(rest)
@@ -90,13 +101,50 @@ def one_run(nodes: int, rest: float, trace_memory: bool) -> dict[str, float]:
         return figures
 
 
+@contextlib.contextmanager
+def profiled(pid: int, out: Path | None) -> Iterator[None]:
+    """py-spy samples the process while the block runs (the profile costs the sampler's CPU,
+    not the operator's); its hottest functions are printed after."""
+    if out is None:
+        yield
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(pid),
+                            "-r", "50", "--nolineno", "-f", "raw", "-o", str(out)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)
+        spy.wait()
+    print(f"profile: {out}\n{hottest(out)}")
+
+
+def hottest(collapsed: Path, top: int = 25) -> str:
+    """Functions by the share of samples they were on the stack (inclusive) and on top of it."""
+    inclusive: Counter[str] = Counter()
+    own: Counter[str] = Counter()
+    total = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        total += int(count)
+        own[frames[-1]] += int(count)
+        for frame in set(frames):
+            inclusive[frame] += int(count)
+    rows = [f"  {100 * n / total:5.1f}% {100 * own[f] / total:5.1f}%  {f}"
+            for f, n in inclusive.most_common(top)]
+    return "  incl.  self   function (file)\n" + "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000])
     parser.add_argument("--rest", type=float, default=60, help="seconds at rest after ready")
     parser.add_argument("--trace-memory", action="store_true")
+    parser.add_argument("--profile", type=Path, help="directory for py-spy profiles")
     args = parser.parse_args()
-    runs = {n: one_run(n, args.rest, args.trace_memory) for n in args.nodes}
+    runs = {n: one_run(n, args.rest, args.trace_memory, args.profile) for n in args.nodes}
     if len(runs) < 2:
         return
     sizes = sorted(runs)

@@ -66,4 +66,3 @@ def setup(level: str = "info", fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    logging.getLogger("httpx2").setLevel(logging.WARNING)

@@ -1,7 +1,8 @@
 """How nicop finds and authenticates to the API server: kubeconfig files as kubectl writes them
 (client certificates as files or data, tokens, token files, exec credential plugins), the pod's
-service account, and errors that name the file and the field. The requests go through httpx's
-mock transport: what is checked is the header and the TLS settings each request carries."""
+service account, and errors that name the file and the field. The requests go through nicop's
+HTTP client to a local server: what is checked is the header and the TLS settings each request
+carries."""
 
 from __future__ import annotations
 
@@ -12,15 +13,17 @@ import ssl
 import stat
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import httpx2 as httpx
 import pytest
 import yaml
 
 from nicop.kube import kubeconfig
+from nicop.kube.http import Credentials, HttpClient
 from nicop.kube.kubeconfig import KubeconfigError, TokenFileAuth, load
 from nicop_sim.pki import CertificateAuthority
+from tests.unit.http_server import serve
 
 
 def write(path: Path, users: dict[str, Any], *, current: str = "main",
@@ -36,18 +39,21 @@ def write(path: Path, users: dict[str, Any], *, current: str = "main",
     return path
 
 
-def headers(auth: httpx.Auth | None, answer: Any = None) -> list[str]:
-    """The Authorization header of each request an AsyncClient with `auth` sends for one GET,
-    the server answering `answer(request)` (default 200)."""
+def headers(auth: Credentials | None,
+            accepts: Callable[[str], bool] = lambda header: True) -> list[str]:
+    """The Authorization header of each request nicop's client with `auth` sends for one GET;
+    the server answers 401 to a header it does not accept."""
     seen: list[str] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request.headers.get("Authorization", ""))
-        return answer(request) if answer else httpx.Response(200, json={})
+    def answer(head: dict[str, str]) -> tuple[int, bytes]:
+        seen.append(head.get("authorization", ""))
+        return (200 if accepts(seen[-1]) else 401), b"{}"
 
     async def one() -> None:
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler), auth=auth) as c:
-            await c.get("https://api/version")
+        async with serve(answer) as url:
+            client = HttpClient(url, None, auth, timeout=10)
+            await client.request("GET", "/version")
+            await client.close()
 
     asyncio.run(one())
     return seen
@@ -57,7 +63,7 @@ def test_a_token_users_context_gives_server_namespace_and_bearer(tmp_path: Path)
     path = write(tmp_path / "config", {"main": {"token": "abc"}, "other": {"token": "xyz"}})
     conn = load(path)
     assert (conn.server, conn.namespace) == ("https://10.0.0.1:6443", "ns-main")
-    assert isinstance(conn.verify, ssl.SSLContext) and conn.verify.verify_mode == ssl.CERT_NONE
+    assert isinstance(conn.tls, ssl.SSLContext) and conn.tls.verify_mode == ssl.CERT_NONE
     assert headers(conn.auth) == ["Bearer abc"]
     assert headers(load(path, context="other").auth) == ["Bearer xyz"]
 
@@ -71,14 +77,14 @@ def test_client_certificates_load_from_files_relative_to_the_kubeconfig_or_from_
                                                   "client-key": "pki/admin.key"}},
                     cluster=cluster)
     conn = load(by_file)
-    assert isinstance(conn.verify, ssl.SSLContext)
-    assert conn.verify.verify_mode == ssl.CERT_REQUIRED and conn.auth is None
+    assert isinstance(conn.tls, ssl.SSLContext)
+    assert conn.tls.verify_mode == ssl.CERT_REQUIRED and conn.auth is None
     data = {k: base64.b64encode(p.read_bytes()).decode() for k, p in
             (("client-certificate-data", pair.cert), ("client-key-data", pair.key))}
     by_data = write(tmp_path / "data", {"main": data}, cluster={
         "server": "https://10.0.0.1:6443",
         "certificate-authority-data": base64.b64encode(ca.pair.cert.read_bytes()).decode()})
-    assert load(by_data).verify.get_ca_certs()  # type: ignore[union-attr]
+    assert load(by_data).tls.get_ca_certs()  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(("users", "current", "named"), [
@@ -127,11 +133,8 @@ def test_in_a_pod_the_service_account_is_used_and_its_rotated_token_read_again(
     assert isinstance(conn.auth, TokenFileAuth)
     assert headers(conn.auth) == ["Bearer old"]
     (account / "token").write_text("new\n")
-
-    def only_new(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200 if request.headers["Authorization"] == "Bearer new" else 401)
-
-    assert headers(conn.auth, only_new) == ["Bearer old", "Bearer new"]
+    assert headers(conn.auth, lambda header: header == "Bearer new") == [
+        "Bearer old", "Bearer new"]
 
 
 def test_an_exec_plugins_token_is_used_until_it_expires(tmp_path: Path) -> None:
@@ -156,9 +159,6 @@ def test_an_exec_plugins_token_is_used_until_it_expires(tmp_path: Path) -> None:
     assert headers(auth) == ["Bearer tok-0"]
     assert headers(auth) == ["Bearer tok-0"]  # kept: not expired
     assert calls.read_text() == "x"
-
-    def reject_old(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(401 if request.headers["Authorization"] == "Bearer tok-0" else 200)
-
-    assert headers(auth, reject_old) == ["Bearer tok-0", "Bearer tok-1"]
+    assert headers(auth, lambda header: header != "Bearer tok-0") == [
+        "Bearer tok-0", "Bearer tok-1"]
     assert calls.read_text() == "xx"

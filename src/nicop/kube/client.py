@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Literal
 
-import httpx2 as httpx
 import orjson
 from prometheus_client import Counter
 
+from nicop.kube.http import HttpClient, Response
 from nicop.kube.kubeconfig import Connection, load
 from nicop.kube.resources import POD, Obj, Resource, resource_of
 
@@ -66,14 +66,13 @@ class ApiClient:
     def __init__(self, kubeconfig: str | Path | None = None, timeout: float = 30.0,
                  context: str | None = None) -> None:
         self.connection: Connection = load(kubeconfig, context)
-        self._http = httpx.AsyncClient(
-            base_url=self.connection.server, verify=self.connection.verify,
-            auth=self.connection.auth, timeout=httpx.Timeout(timeout))
+        self._http = HttpClient(self.connection.server, self.connection.tls,
+                                self.connection.auth, timeout)
         # (verb, plural) -> count, so tests and benchmarks can count what a reconcile sent.
         self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
 
     async def close(self) -> None:
-        await self._http.aclose()
+        await self._http.close()
 
     def writes(self, exclude: tuple[str, ...] = ("leases", "events")) -> int:
         """Write requests sent so far, leaving out lease renewals and Events by default."""
@@ -103,14 +102,17 @@ class ApiClient:
         headers = {"Accept": accept}
         if content is not None:
             headers["Content-Type"] = content_type
+        resp = await self._request(method, path, params=params, body=content, headers=headers)
+        return orjson.loads(resp.body) if resp.body else {}
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> Response:
         try:
-            resp = await self._http.request(method, path, params=params, content=content,
-                                            headers=headers)
-        except httpx.TransportError as e:
+            resp = await self._http.request(method, path, **kwargs)
+        except OSError as e:  # refused, reset, timed out, TLS failed
             raise Unreachable(e, self.connection.server) from None
-        if resp.status_code >= 400:
-            raise _error(resp.status_code, resp.content)
-        return orjson.loads(resp.content) if resp.content else {}
+        if resp.status >= 400:
+            raise _error(resp.status, resp.body)
+        return resp
 
     # ------------------------------------------------------------------ reads
     async def get(self, res: Resource, name: str, namespace: str | None = None) -> Obj:
@@ -180,16 +182,16 @@ class ApiClient:
             params["fieldSelector"] = field_selector
         self._count("watch", res)
         headers = {"Accept": METADATA_ONLY_WATCH if metadata_only else "application/json"}
-        timeout = httpx.Timeout(10, read=timeout_seconds + 30)
         try:
             async with self._http.stream("GET", res.path(namespace), params=params,
-                                         headers=headers, timeout=timeout) as resp:
-                if resp.status_code >= 400:
-                    raise _error(resp.status_code, await resp.aread())
+                                         headers=headers, read_timeout=timeout_seconds + 30
+                                         ) as resp:
+                if resp.status >= 400:
+                    raise _error(resp.status, await resp.read())
                 if on_open is not None:
                     on_open()
                 received = WATCH_BYTES.labels(res.plural)
-                async for line in _lines(resp):
+                async for line in resp.lines():
                     received.inc(len(line))
                     event = orjson.loads(line)
                     if event["type"] == "ERROR":
@@ -200,7 +202,7 @@ class ApiClient:
                     obj.setdefault("apiVersion", res.api_version)
                     obj.setdefault("kind", res.kind)
                     yield event["type"], obj
-        except httpx.TransportError as e:
+        except OSError as e:
             raise Unreachable(e, self.connection.server) from None
 
     # ------------------------------------------------------------------ writes
@@ -277,15 +279,8 @@ class ApiClient:
                         timeout: float | None = None) -> str:
         """A GET whose answer is text, not an object: a pod's log, the server's /version."""
         self._count("get", res)
-        try:
-            resp = await self._http.request(
-                "GET", path, params=params,
-                timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else httpx.Timeout(timeout))
-        except httpx.TransportError as e:
-            raise Unreachable(e, self.connection.server) from None
-        if resp.status_code >= 400:
-            raise _error(resp.status_code, resp.content)
-        return resp.content.decode(errors="replace")
+        resp = await self._request("GET", path, params=params, timeout=timeout)
+        return resp.body.decode(errors="replace")
 
     async def evict(self, name: str, namespace: str) -> None:
         """Evict through the Eviction API, so PodDisruptionBudgets hold (429: not now)."""
@@ -295,19 +290,6 @@ class ApiClient:
             "metadata": {"name": name, "namespace": namespace},
         }
         await self._send("evict", POD, "POST", POD.path(namespace, name) + "/eviction", body=body)
-
-
-async def _lines(resp: httpx.Response) -> AsyncIterator[bytes]:
-    """The non-empty lines of a streamed answer, as bytes: a watch sends one event a line, and
-    decoding them from bytes skips a text pass over every event."""
-    rest = b""
-    async for chunk in resp.aiter_bytes():
-        *lines, rest = (rest + chunk).split(b"\n")
-        for line in lines:
-            if line:
-                yield line
-    if rest.strip():
-        yield rest
 
 
 def _error(code: int, content: bytes) -> ApiError:

@@ -12,7 +12,6 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import httpx2 as httpx
 
 from nicop.backoff import doubling
 from nicop.kube.client import ApiClient, ApiError
@@ -217,7 +216,7 @@ class Informer:
                     await asyncio.sleep(NOT_SERVED_RECHECK)
                     continue
                 failures = await self._retry_later("failed", e, failures)
-            except (OSError, ValueError, httpx.HTTPError) as e:  # reset or truncated stream
+            except (OSError, ValueError) as e:  # reset or truncated stream
                 failures = await self._retry_later("broke", e, failures)
 
     async def _retry_later(self, what: str, error: Exception, failures: int) -> int:

@@ -21,13 +21,14 @@ import os
 import ssl
 import tempfile
 import time
-from collections.abc import AsyncGenerator, Generator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx2 as httpx
 import yaml
+
+from nicop.kube.http import Credentials
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 DEFAULT_KUBECONFIG = "~/.kube/config"
@@ -44,8 +45,8 @@ class Connection:
     """What an HTTP client needs to talk to the API server."""
 
     server: str
-    verify: ssl.SSLContext | bool
-    auth: httpx.Auth | None
+    tls: ssl.SSLContext | None  # None for an http:// server
+    auth: Credentials | None
     namespace: str = "default"
 
 
@@ -78,7 +79,7 @@ def in_cluster() -> Connection:
     namespace_file = SERVICE_ACCOUNT / "namespace"
     namespace = namespace_file.read_text().strip() if namespace_file.exists() else "default"
     return Connection(server=f"https://{host}:{port}",
-                      verify=ssl.create_default_context(cafile=str(SERVICE_ACCOUNT / "ca.crt")),
+                      tls=ssl.create_default_context(cafile=str(SERVICE_ACCOUNT / "ca.crt")),
                       auth=TokenFileAuth(SERVICE_ACCOUNT / "token"), namespace=namespace)
 
 
@@ -109,23 +110,21 @@ def from_document(document: dict[str, Any], base: Path, context: str | None,
                 raise KubeconfigError(f"{where}: {key} {file}: {e.strerror or e}") from None
         return None
 
-    verify: ssl.SSLContext | bool
-    if server.startswith("http://"):
-        verify = False
-    else:
-        verify = ssl.create_default_context()
+    tls: ssl.SSLContext | None = None
+    if not server.startswith("http://"):
+        tls = ssl.create_default_context()
         if cluster.get("insecure-skip-tls-verify"):
-            verify.check_hostname = False
-            verify.verify_mode = ssl.CERT_NONE
+            tls.check_hostname = False
+            tls.verify_mode = ssl.CERT_NONE
         elif (ca := file_or_data("certificate-authority", cluster)) is not None:
-            verify = ssl.create_default_context(cadata=ca.decode())
+            tls = ssl.create_default_context(cadata=ca.decode())
         cert, key = file_or_data("client-certificate", user), file_or_data("client-key", user)
         if cert is not None and key is not None:
-            _load_cert_chain(verify, cert, key, where)
+            _load_cert_chain(tls, cert, key, where)
         elif cert is not None or key is not None:
             raise KubeconfigError(f"{where}: user {ctx.get('user')!r} has a client certificate "
                                   "or key without the other")
-    auth: httpx.Auth | None = None
+    auth: Credentials | None = None
     if user.get("token"):
         auth = BearerAuth(lambda: str(user["token"]))
     elif user.get("tokenFile"):
@@ -133,8 +132,9 @@ def from_document(document: dict[str, Any], base: Path, context: str | None,
     elif user.get("exec"):
         auth = ExecAuth(user["exec"], where)
     elif user.get("username"):
-        auth = httpx.BasicAuth(str(user["username"]), str(user.get("password") or ""))
-    return Connection(server=str(server).rstrip("/"), verify=verify, auth=auth,
+        pair = f"{user['username']}:{user.get('password') or ''}".encode()
+        auth = BearerAuth(lambda: base64.b64encode(pair).decode(), scheme="Basic")
+    return Connection(server=str(server).rstrip("/"), tls=tls, auth=auth,
                       namespace=str(ctx.get("namespace") or "default"))
 
 
@@ -160,21 +160,18 @@ def _load_cert_chain(context: ssl.SSLContext, cert: bytes, key: bytes, where: st
                                   f"{e}") from None
 
 
-class BearerAuth(httpx.Auth):
-    """`Authorization: Bearer <token>`, the token asked of `token()` again after a 401."""
+class BearerAuth:
+    """`Authorization: Bearer <token>` (or another scheme), the token asked of `token()` for
+    every request."""
 
-    def __init__(self, token: Any) -> None:
+    def __init__(self, token: Callable[[], str], scheme: str = "Bearer") -> None:
         self._token = token
+        self.scheme = scheme
 
-    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        request.headers["Authorization"] = f"Bearer {self._token()}"
-        response = yield request
-        if response.status_code == 401 and self.refresh():
-            request.headers["Authorization"] = f"Bearer {self._token()}"
-            yield request
+    async def authorization(self) -> str:
+        return f"{self.scheme} {self._token()}"
 
-    def refresh(self) -> bool:
-        """Drop a cached token; True if a new one may differ."""
+    def forget(self) -> bool:
         return False
 
 
@@ -195,12 +192,12 @@ class TokenFileAuth(BearerAuth):
                                       f"{e.strerror or e}") from None
         return self._cached[1]
 
-    def refresh(self) -> bool:
+    def forget(self) -> bool:
         self._cached = None
         return True
 
 
-class ExecAuth(httpx.Auth):
+class ExecAuth:
     """A kubeconfig `exec` credential plugin: its ExecCredential's token, kept until its
     expirationTimestamp or a 401."""
 
@@ -218,19 +215,22 @@ class ExecAuth(httpx.Auth):
              "spec": {"interactive": False}})
         self.where = where
         self._token: tuple[float, str] | None = None  # (valid until, monotonic; token)
+        self._running = asyncio.Lock()  # concurrent requests run the plugin once
 
-    async def async_auth_flow(self, request: httpx.Request
-                              ) -> AsyncGenerator[httpx.Request, httpx.Response]:
-        request.headers["Authorization"] = f"Bearer {await self._get()}"
-        response = yield request
-        if response.status_code == 401:
-            self._token = None
-            request.headers["Authorization"] = f"Bearer {await self._get()}"
-            yield request
+    async def authorization(self) -> str:
+        return f"Bearer {await self._get()}"
+
+    def forget(self) -> bool:
+        self._token = None
+        return True
 
     async def _get(self) -> str:
-        if self._token is not None and time.monotonic() < self._token[0]:
+        async with self._running:
+            if self._token is None or time.monotonic() >= self._token[0]:
+                self._token = await self._run()
             return self._token[1]
+
+    async def _run(self) -> tuple[float, str]:
         proc = await asyncio.create_subprocess_exec(
             *self.argv, env=self.env, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE)
@@ -250,5 +250,4 @@ class ExecAuth(httpx.Auth):
             left = (datetime.datetime.fromisoformat(expires.replace("Z", "+00:00"))
                     - datetime.datetime.now(datetime.UTC)).total_seconds()
             valid = time.monotonic() + max(0.0, left - 10)
-        self._token = (valid, token)
-        return token
+        return valid, token
