@@ -9,9 +9,9 @@ import asyncio
 from typing import Any
 
 import pytest
+from tests.unit.http_server import serve
 
 from nicop.kube.http import HttpClient, HttpError
-from tests.unit.http_server import serve
 
 
 def run(test: Any) -> Any:

@@ -12,18 +12,18 @@ import os
 import ssl
 import stat
 import sys
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from tests.unit.http_server import serve
 
 from nicop.kube import kubeconfig
 from nicop.kube.http import Credentials, HttpClient
 from nicop.kube.kubeconfig import KubeconfigError, TokenFileAuth, load
 from nicop_sim.pki import CertificateAuthority
-from tests.unit.http_server import serve
 
 
 def write(path: Path, users: dict[str, Any], *, current: str = "main",

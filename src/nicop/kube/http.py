@@ -19,9 +19,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
-from nicop import __version__
-
-USER_AGENT = f"nicop/{__version__}"
+USER_AGENT = "nicop"  # how the API server's audit log names nicop's requests
 MAX_IDLE = 32  # keep-alive connections kept for reuse; more are closed when they come back
 LARGE_WRITE = 1 << 16  # bytes: a request body this large waits for the socket to drain
 

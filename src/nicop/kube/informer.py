@@ -12,7 +12,6 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-
 from nicop.backoff import doubling
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.resources import Obj, Resource, key_of

@@ -17,15 +17,14 @@ from nicop.api import upgrade
 from nicop.api.labels import (
     DRIVER_LABEL,
     MOFED_WAIT_LABEL,
-    OPT_IN_LABEL,
     POLICY_NAME,
 )
 from nicop.api.mellanox import NicClusterPolicy
-from nicop.api.nodes import is_managed, labels_of, unmanaged_reason
 from nicop.api.validate import removed_field_warnings
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Controller, Manager, Result
+from nicop.kube.memo import PerObject
 from nicop.kube.resources import (
     NIC_CLUSTER_POLICY,
     NODE,
@@ -67,8 +66,11 @@ class PolicyController:
         # SR-IOV device-plugin) arrive without a change event and do not bump the placement
         # epoch: no template of a policy selects on them.
         self.states = StateSync(manager, namespace, recorder)
+        self.node_facts = PerObject(node_rules.node_facts)
+        self.driver_pod_readiness = PerObject(node_rules.driver_pod_readiness)
         self.controller = manager.add(Controller("nicclusterpolicy", self.reconcile))
         self._failures = 0  # reconciles in a row with a refused write
+        self._removed: tuple[tuple[Any, Any], list[str]] = ((None, None), [])
         queue = self.controller.queue
         self.policies.on_change(lambda ev, obj, old: queue.add(obj["metadata"]["name"]))
         self.nodes.on_change(self._node_changed)
@@ -98,13 +100,12 @@ class PolicyController:
             })
             return None
         all_nodes = self.nodes.store.items()
+        facts = self.node_facts.each(all_nodes)
         ctx = Context(policy, self.namespace,
-                      managed_nodes=[n for n in all_nodes if is_managed(n)],
-                      opt_in_used=any(OPT_IN_LABEL in labels_of(n) for n in all_nodes),
-                      **self.context)
-        reasons = [(n, r) for n in all_nodes if (r := unmanaged_reason(n))]
-        unmanaged = [r for _, r in reasons]
-        metrics.unmanaged_nic_nodes(n for n, _ in reasons)
+                      managed_nodes=[n for n, f in facts if f.managed],
+                      opt_in_used=any(f.opted_in for _, f in facts), **self.context)
+        unmanaged = [f.unmanaged for _, f in facts if f.unmanaged]
+        metrics.unmanaged_nic_nodes(n for n, f in facts if f.unmanaged)
         # Labels first: the device plugins' DaemonSets are judged on the nodes they select now.
         label_errors = await self._sync_node_labels(policy)
         # Each state on its own: a write the API server refuses fails that state only.
@@ -119,7 +120,7 @@ class PolicyController:
         status = build_status(policy, STATES, applied, unmanaged, label_errors)
         if progress := upgrade.progress(all_nodes):
             status["driverUpgrade"] = progress
-        if warnings := removed_fields(policy):
+        if warnings := self._removed_fields(policy):
             status["conditions"].append(condition(
                 "RemovedFieldsIgnored", True, "RemovedFields", "; ".join(warnings),
                 status["observedGeneration"]))
@@ -141,23 +142,33 @@ class PolicyController:
         node_policies = self.node_policies.store.items()
         nnp_drivers = nnp_driver_nodes(node_policies, self.nodes.store.items())
         active = policy is not None or bool(node_policies)
-        ready = node_rules.driver_readiness(self.driver_pods.store.items())
+        ready = node_rules.readiness_by_node(
+            r for _, r in self.driver_pod_readiness.each(self.driver_pods.store.items()))
         errors = []
-        for node in self.nodes.store.items():
-            wanted = node_rules.mofed_wait_value(
-                node, ofed or node["metadata"]["name"] in nnp_drivers, ready) if active else None
-            patch = node_rules.label_patch(node, wanted)
-            if patch is None:
-                continue
+        for node, facts in self.node_facts.each(self.nodes.store.items()):
             name = node["metadata"]["name"]
+            wanted = node_rules.wait_value(name, facts.managed, ofed or name in nnp_drivers,
+                                           ready) if active else None
+            if facts.mofed_wait == wanted:
+                continue
             try:
-                self.nodes.assume(await self.client.patch(NODE, name, {"metadata": patch}))
+                self.nodes.assume(await self.client.patch(
+                    NODE, name, {"metadata": {"labels": {MOFED_WAIT_LABEL: wanted}}}))
                 self.states.placement_changed()  # the watch brings no change: it is assumed
             except (ApiError, OSError) as e:
                 message = f"labelling node {name} {MOFED_WAIT_LABEL}={wanted} failed: {e}"
                 log.error("%s", message, extra=logs.about("Node", name))
                 errors.append(message)
         return errors
+
+    def _removed_fields(self, policy: Obj) -> list[str]:
+        """removed_fields of this generation of the policy (validating the model each pass
+        cost more than the rest of a reconcile of a big cluster)."""
+        meta = policy["metadata"]
+        generation = (meta.get("uid"), meta.get("generation"))
+        if self._removed[0] != generation or generation[1] is None:
+            self._removed = (generation, removed_fields(policy))
+        return self._removed[1]
 
     # ------------------------------------------------------------------ status
     async def _write_status(self, policy: Obj, status: Obj) -> None:
