@@ -15,6 +15,7 @@ Run as root from the repository root: .venv/bin/python -m bench.bench_node_footp
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import tempfile
 import time
@@ -38,7 +39,7 @@ POLICY = {
         "ofedDriver": {"image": "nicop", "version": "26.07-0.7.0.0",
                        "startupProbe": {"initialDelaySeconds": 5, "periodSeconds": 5},
                        "readinessProbe": {"initialDelaySeconds": 5, "periodSeconds": 10}},
-        "rdmaSharedDevicePlugin": {"image": "nicop", "config": yaml.safe_dump({"configList": [{
+        "rdmaSharedDevicePlugin": {"image": "nicop", "config": json.dumps({"configList": [{
             "resourceName": "rdma", "resourcePrefix": "nvidia.com", "rdmaHcaMax": 63,
             "selectors": {"vendors": ["15b3"], "deviceIDs": ["1021"]}}]})},
         "secondaryNetwork": {"multus": {"image": "nicop"}},

@@ -54,6 +54,22 @@ METRICS_PORTS = {
     "multus-daemon": 9537,  # NicClusterPolicy's secondaryNetwork.multus with `image: nicop`
 }
 
+# What each agent's container asks of its node: memory from bench_node_footprint (RSS on a
+# DGX-like node with every agent running, rounded up with a fifth or more of headroom), a limit
+# that leaves room for the agent's busiest moments without letting a leak take the node, and a
+# CPU request that covers a paced rescan. No CPU limit: throttling would slow an agent exactly
+# when pods start. A section's containerResources replaces these, as upstream's do.
+AGENT_CPU_REQUEST = "10m"
+AGENT_MEMORY = {  # command: (request, limit)
+    "driver": ("64Mi", "256Mi"),
+    "rdma-device-plugin": ("80Mi", "256Mi"),
+    "sriov-device-plugin": ("80Mi", "256Mi"),
+    "sriov-config-daemon": ("96Mi", "256Mi"),
+    "cni-daemon": ("80Mi", "256Mi"),
+    "dra-plugin": ("80Mi", "256Mi"),
+    "multus-daemon": ("80Mi", "256Mi"),
+}
+
 
 def is_nicop_image(ref: str) -> bool:
     return bool(_NICOP_REF.match(ref))

@@ -304,6 +304,13 @@ def dra_plugin(
                              planned.informer.synced.wait())
         publishers = [SlicePublisher(client, name, node_name, source, interval=poll_interval)
                       for name, source in sources.items()]
+
+        def poke(*_: object) -> None:
+            for publisher in publishers:
+                publisher.poke()
+
+        for informer in (driver.informer, vfs.policies, vfs.attributes, planned.informer):
+            informer.on_change(poke)
         plugin = DraPlugin(client, node_name, host)
         readiness = Readiness()
 

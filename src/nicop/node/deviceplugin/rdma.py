@@ -397,8 +397,9 @@ class RdmaAgent:
                 server.allocate = pool.allocate
         self._next_refresh = 0.0  # find the new pools' NICs now
 
-    async def tick(self) -> None:
-        """Health of the pools' NICs every tick; which NICs they hold every update interval."""
+    async def tick(self) -> Inventory:
+        """Health of the pools' NICs every tick; which NICs they hold every update interval.
+        Returns what the scan saw."""
         if self._watched is not None and self._watched.changed():
             await self.reload()
         now = asyncio.get_running_loop().time()
@@ -417,3 +418,4 @@ class RdmaAgent:
             self.servers.servers[pool.resource_name].update(devices)
         if self.use_cdi:
             self.cdi.keep(p.cdi_file for p in self.pools)
+        return inv

@@ -29,6 +29,7 @@ from grpc import aio
 from nicop.node.deviceplugin import api_pb2 as pb
 from nicop.node.deviceplugin import api_pb2_grpc as pb_grpc
 from nicop.node.deviceplugin import metrics
+from nicop.node.pacing import Pacer
 from nicop.node.readiness import Readiness
 
 log = logging.getLogger(__name__)
@@ -333,24 +334,27 @@ def _identity(path: Path) -> tuple[int, int] | None:
 
 
 async def run_agent(
-    servers: ServerSet, tick: Callable[[], Awaitable[None]], poll_interval: float,
+    servers: ServerSet, tick: Callable[[], Awaitable[object]], poll_interval: float,
     stop: asyncio.Event,
 ) -> None:
-    """Call `tick` (rescan, update devices) every `poll_interval` until `stop` is set.
+    """Call `tick` (rescan, update devices; it returns what it saw) until `stop` is set: every
+    `poll_interval` while the host changes or a resource waits for the kubelet, less often while
+    the host is at rest (nicop.node.pacing).
 
-    Files in sysfs give no notice when they change, so agents poll; a tick of a node with eight
-    NICs and 64 VFs reads a few hundred small files. The agent is ready while the kubelet has
-    every one of its resources registered.
+    A tick of a node with eight NICs and 64 VFs reads a few hundred small files. The agent is
+    ready while the kubelet has every one of its resources registered.
     """
     readiness = Readiness()
+    pacer = Pacer(poll_interval)
     try:
         while not stop.is_set():
-            await tick()
+            seen = await tick()
             servers.raise_failure()
             waiting = sorted(n for n, s in servers.servers.items() if not s.registered)
             readiness.set(not waiting, f"not registered with the kubelet: {', '.join(waiting)}")
+            delay = pacer.after(seen if not waiting else None)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), poll_interval)
+                await asyncio.wait_for(stop.wait(), poll_interval if waiting else delay)
     finally:
         readiness.clear()
         await servers.stop_all()

@@ -700,7 +700,8 @@ class SriovAgent:
             self.cdi.clear()
             await self.reporter.close()
 
-    async def tick(self) -> None:
+    async def tick(self) -> tuple[Inventory, str | None]:
+        """Reread the config, rescan the host, serve what they select; returns what it saw."""
         problem = self.load()
         if problem != self._bad:
             if problem is not None:
@@ -740,6 +741,7 @@ class SriovAgent:
         for name in set(self.servers.servers) - wanted:
             log.info("%s: no longer configured; stopping its plugin", name)
             await self.servers.stop(name)
+        return inv, problem
 
     def _server(self, pool: Pool) -> DevicePluginServer:
         return DevicePluginServer(

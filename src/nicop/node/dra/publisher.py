@@ -1,6 +1,7 @@
 """Keeps a node's pool of ResourceSlices in step with its devices.
 
-The devices are read again every `interval` seconds, as the device plugins rescan; the API is
+The devices are read again every `interval` seconds while they change, less often while the
+host is at rest (nicop.node.pacing), as the device plugins rescan; the API is
 written only when they changed (or the last write failed), and read back every `resync` seconds
 so that a slice someone deleted or edited comes back. The slices are owned by their Node, so
 they go with it. An API server without device taints (DRADeviceTaints off) drops them from what
@@ -10,7 +11,6 @@ it stores: the publisher then stops sending them, rather than rewrite the pool a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.resources import NODE, RESOURCE_SLICE
 from nicop.node.dra.slices import PoolContent, SlicePlan, plan, without_taints
+from nicop.node.pacing import Pacer
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ class SlicePublisher:
         self.resync = resync
         self.published = asyncio.Event()
         """Set once the pool has been written (or found right) the first time."""
+        self._poked = asyncio.Event()
         self.taints = True  # whether the API server keeps device taints
 
     async def sync(self, content: PoolContent) -> SlicePlan:
@@ -69,11 +71,27 @@ class SlicePublisher:
                         "off): devices whose link is down are published without them",
                         self.driver)
 
+    def poke(self) -> None:
+        """Something the devices are read with changed (a node label, a VF plan or policy):
+        read them now, not at the next paced scan."""
+        self._poked.set()
+
+    async def _wait(self, stop: asyncio.Event, delay: float) -> None:
+        """Until `stop`, a poke or `delay` seconds, whichever comes first."""
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._poked.wait())]
+        try:
+            await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+        self._poked.clear()
+
     async def run(self, stop: asyncio.Event) -> None:
         """Until `stop`: publish on every change of the devices, and check every `resync`."""
         published: PoolContent | None = None
         checked = 0.0
         loop = asyncio.get_running_loop()
+        pacer = Pacer(self.interval)
         while not stop.is_set():
             content = await asyncio.to_thread(self.source)
             if content != published or loop.time() - checked >= self.resync:
@@ -85,8 +103,8 @@ class SlicePublisher:
                     log.warning("%s: cannot publish the slices of node %s: %s", self.driver,
                                 self.node_name, e)
                     published = None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.interval)
+            await self._wait(stop, pacer.after(content) if published is not None
+                             else self.interval)
 
     async def withdraw(self) -> None:
         """Delete the node's slices of this driver (the plugin is removed from the node). When

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nicop.api.agents import (
+    AGENT_CPU_REQUEST,
+    AGENT_MEMORY,
     METRICS_PORT_NAME,
     POD_ENV,
     READY_FILE,
@@ -281,7 +283,8 @@ def agent_container(
     Its readiness probe asks the agent (`nicop probe-ready`), a crash shows the end of its log
     in the container's last state (FallbackToLogsOnError), and it knows its pod (POD_ENV).
     With `metrics_port` it declares the port `metrics` and the agent serves /metrics there, on
-    the pod's IP (what a PodMonitor scrapes).
+    the pod's IP (what a PodMonitor scrapes). Its requests and limits are the agent's budget
+    (nicop.api.agents.AGENT_MEMORY) unless the section's containerResources name it.
     """
     if metrics_port is not None:
         command = [*command, f"--metrics-port={metrics_port}"]
@@ -296,6 +299,10 @@ def agent_container(
         extra.setdefault("readinessProbe", {
             "exec": {"command": READY_PROBE}, "initialDelaySeconds": 1, "periodSeconds": 10,
             "timeoutSeconds": 10, "failureThreshold": 3})
+    if budget := AGENT_MEMORY.get(command[0]):
+        extra.setdefault("default_resources", {
+            "requests": {"cpu": AGENT_CPU_REQUEST, "memory": budget[0]},
+            "limits": {"memory": budget[1]}})
     return container(name, ctx.agent_image, section, mounts=mounts, privileged=True,
                      command=["nicop", *command], env=env,
                      terminationMessagePolicy="FallbackToLogsOnError", **extra)
