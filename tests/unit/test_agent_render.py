@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from nicop.api.agents import NICOP_POD_JQ, READY_PROBE, is_nicop_image, uses_nicop
+from nicop.api.agents import AGENT_MEMORY, NICOP_POD_JQ, READY_PROBE, is_nicop_image, uses_nicop
 from nicop.operator import cni_daemon, sriov_daemons
 from nicop.operator.states import ofed, rdma_dp, sriov_dp
 from nicop.operator.states.base import Context, RenderError
@@ -249,3 +249,22 @@ def test_multus_with_nicops_image_runs_nicops_meta_plugin_in_upstreams_daemonset
     assert "--multus-conf-file=/tmp/multus-conf/00-multus.conf" in daemon["command"]
     assert {"name": "multus-cni-config", "mountPath": "/tmp/multus-conf"} in \
         daemon["volumeMounts"]
+
+
+def test_nicops_agents_ask_for_their_budget_unless_the_section_sets_resources() -> None:
+    """A node's agents declare what they use (so the scheduler counts them and a leak cannot
+    take the node): memory request and limit, a CPU request and no CPU limit. Upstream's
+    containerResources for the container replaces the budget, as it replaces upstream's
+    defaults."""
+    spec = {"image": "nicop", "config": RDMA_CONFIG}
+    agent = pod_of(daemonsets(rdma_dp.STATE.render(
+        ctx({"rdmaSharedDevicePlugin": spec}), spec, "spec.rdmaSharedDevicePlugin"))[0])
+    request, limit = AGENT_MEMORY["rdma-device-plugin"]
+    assert agent["containers"][0]["resources"] == {
+        "requests": {"cpu": "10m", "memory": request}, "limits": {"memory": limit}}
+    given = {**spec, "containerResources": [{"name": "rdma-shared-dp", "requests": {
+        "memory": "200Mi"}, "limits": {"memory": "1Gi"}}]}
+    agent = pod_of(daemonsets(rdma_dp.STATE.render(
+        ctx({"rdmaSharedDevicePlugin": given}), given, "spec.rdmaSharedDevicePlugin"))[0])
+    assert agent["containers"][0]["resources"] == {
+        "requests": {"memory": "200Mi"}, "limits": {"memory": "1Gi"}}

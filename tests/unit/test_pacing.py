@@ -12,6 +12,8 @@ def test_a_host_at_rest_is_scanned_less_often_and_a_change_brings_the_pace_back(
     assert pacer.after("one link down") == 1.0
 
 
-def test_a_base_slower_than_the_quiet_pace_is_kept() -> None:
-    pacer = Pacer(30.0)
-    assert [pacer.after("same") for _ in range(3)] == [30.0, 30.0, 30.0]
+def test_a_fast_poll_slows_to_ten_intervals_and_a_slow_one_is_kept() -> None:
+    fast = Pacer(0.05)
+    assert [fast.after("same") for _ in range(6)][-1] == 0.5
+    slow = Pacer(30.0)
+    assert [slow.after("same") for _ in range(3)] == [30.0, 30.0, 30.0]
