@@ -3,12 +3,10 @@
 The policy runs each of nicop's agents there from the operator's DaemonSets: the driver agent,
 the RDMA shared device plugin, Multus, the DRA kubelet plugin; an SR-IOV policy (2 VFs on each of
 the 8 InfiniBand NICs) adds the SR-IOV config daemon and device plugin, and an InfiniBand network
-with an nv-ipam pool adds the CNI daemon. Once every agent runs and the policy is ready, each
-agent is left alone for `--idle` seconds; then its busiest case is played (a rescan of the DGX's
-NICs by every agent that scans: the config daemon's PF settings re-read, the device plugins'
-and DRA plugin's inventories), and `--adds` concurrent CNI ADDs through the CNI daemon.
-Prints per agent: RSS, peak RSS, idle CPU in millicores, CPU seconds of the busy phase; the node's
-totals; and the requests and limits the operator renders for each DaemonSet beside them.
+with an nv-ipam pool adds the CNI daemon. Once every agent runs and the policy is ready, the node
+is left alone for `--idle` seconds. Prints per agent: RSS, peak RSS and idle CPU in millicores
+(its paced rescans included); the node's totals; and the requests and limits the operator
+rendered for each DaemonSet beside them.
 Run as root from the repository root: .venv/bin/python -m bench.bench_node_footprint [--idle 300]
 """
 

@@ -9,8 +9,12 @@ import signal
 from collections.abc import Awaitable, Callable
 
 from nicop import logs
-from nicop.node.deviceplugin.server import RegistrationRejected
 from nicop.node.metrics import serve_metrics
+
+
+class RegistrationRejected(Exception):
+    """The kubelet refused the registration: the agent must stop (the kubelet will not retry).
+    Defined here, not with the device plugin server, so that agents without gRPC load none."""
 
 
 def run_process(main: Callable[[asyncio.Event], Awaitable[None]], log_format: str,

@@ -26,6 +26,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
+from nicop.node.agent import RegistrationRejected
 from nicop.node.deviceplugin import api_pb2 as pb
 from nicop.node.deviceplugin import api_pb2_grpc as pb_grpc
 from nicop.node.deviceplugin import metrics
@@ -65,10 +66,6 @@ Allocator = Callable[[Sequence[str]], pb.ContainerAllocateResponse]
 
 class AllocationError(Exception):
     """The devices asked for cannot be given; the message is returned to the kubelet."""
-
-
-class RegistrationRejected(Exception):
-    """The kubelet refused the registration: the agent must stop (the kubelet will not retry)."""
 
 
 class DevicePluginServer:
