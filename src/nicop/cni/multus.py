@@ -50,6 +50,7 @@ from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.resources import NETWORK_ATTACHMENT_DEFINITION as NAD
 from nicop.kube.resources import POD, RESOURCE_CLAIM
 from nicop.kube.times import stamp
+from nicop.node.dra.binding import apply_device_status
 from nicop.node.dra.devices import device_address
 from nicop.node.host import Host
 
@@ -178,16 +179,9 @@ def network_status(network: str, ifname: str, result: Obj, *, default: bool = Fa
                    device_id: str = "") -> Obj:
     """One entry of the network-status annotation, with the field order and omissions of the
     NetworkStatus type of network-attachment-definition-client."""
-    interfaces = result.get("interfaces") or []
-    index = next((i for i, it in enumerate(interfaces)
-                  if it.get("sandbox") and it.get("name") == ifname), None)
-    if index is None:
-        index = next((i for i, it in enumerate(interfaces) if it.get("sandbox")), None)
-    iface: Obj = interfaces[index] if index is not None else {}
+    iface, addresses = _in_pod(result, ifname)
     status: Obj = {"name": network, "interface": iface.get("name") or ifname}
-    ips = [ip["address"].split("/")[0] for ip in result.get("ips") or []
-           if ip.get("interface") is None or ip.get("interface") == index]
-    if ips:
+    if ips := [address.split("/")[0] for address in addresses]:
         status["ips"] = ips
     if iface.get("mac"):
         status["mac"] = iface["mac"]
@@ -205,17 +199,25 @@ def network_status(network: str, ifname: str, result: Obj, *, default: bool = Fa
 def network_data(ifname: str, result: Obj) -> Obj:
     """A device's networkData in a claim's status (KEP-4817): the interface in the pod, its
     addresses in CIDR form, its MAC."""
-    interfaces = result.get("interfaces") or []
-    index = next((i for i, it in enumerate(interfaces)
-                  if it.get("sandbox") and it.get("name") == ifname), None)
+    iface, addresses = _in_pod(result, ifname)
     data: Obj = {"interfaceName": ifname}
-    ips = [ip["address"] for ip in result.get("ips") or []
-           if ip.get("interface") is None or ip.get("interface") == index]
-    if ips:
-        data["ips"] = ips
-    if index is not None and interfaces[index].get("mac"):
-        data["hardwareAddress"] = interfaces[index]["mac"]
+    if addresses:
+        data["ips"] = addresses
+    if iface.get("mac"):
+        data["hardwareAddress"] = iface["mac"]
     return data
+
+
+def _in_pod(result: Obj, ifname: str) -> tuple[Obj, list[str]]:
+    """A CNI result's interface in the pod named `ifname` (else its first in the pod), and the
+    addresses (CIDR form) that are its own or belong to no interface."""
+    interfaces = result.get("interfaces") or []
+    in_pod = [i for i, it in enumerate(interfaces) if it.get("sandbox")]
+    index = next((i for i in in_pod if interfaces[i].get("name") == ifname),
+                 in_pod[0] if in_pod else None)
+    addresses = [ip["address"] for ip in result.get("ips") or []
+                 if ip.get("interface") is None or ip.get("interface") == index]
+    return (interfaces[index] if index is not None else {}), addresses
 
 
 # ------------------------------------------------------------------ the plugin
@@ -534,12 +536,10 @@ class MultusPlugin:
                     "driver": DRIVER, "pool": att.claim["pool"], "device": att.claim["device"],
                     "networkData": network_data(att.ifname, att.result or {})})
         for (namespace, name), entries in by_claim.items():
-            body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                    "metadata": {"name": name, "namespace": namespace},
-                    "status": {"devices": entries}}
             try:
-                self._api(functools.partial(client.apply, body, subresource="status",
-                                            res=RESOURCE_CLAIM, manager=CLAIM_STATUS_MANAGER))
+                self._api(functools.partial(
+                    apply_device_status, client, {"name": name, "namespace": namespace},
+                    entries, manager=CLAIM_STATUS_MANAGER))
             except (ApiError, CniError) as e:
                 log.warning("claim %s/%s: its VFs are attached but their networkData is not "
                             "written: %s", namespace, name, e)

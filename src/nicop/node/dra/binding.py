@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from nicop.api import dra
-from nicop.kube.client import ApiClient, ApiError
+from nicop.kube.client import FIELD_MANAGER, ApiClient, ApiError
 from nicop.kube.informer import Informer
 from nicop.kube.resources import RESOURCE_CLAIM, Obj
 from nicop.kube.times import stamp
@@ -130,14 +130,15 @@ class Binder:
                      meta["name"], entry["device"], last["type"], last["message"])
 
 
-async def apply_device_status(client: ApiClient, meta: Obj, entries: list[dict[str, Any]]
-                              ) -> None:
+async def apply_device_status(client: ApiClient, meta: Obj, entries: list[dict[str, Any]],
+                              manager: str = FIELD_MANAGER) -> None:
     """Server-side apply of this driver's entries of a claim's status.devices (other drivers'
-    stay theirs)."""
+    stay theirs); another `manager` keeps apart what another nicop agent writes there."""
     await client.apply({
         "apiVersion": dra.RESOURCE_API, "kind": "ResourceClaim",
         "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-        "status": {"devices": entries}}, subresource="status", res=RESOURCE_CLAIM)
+        "status": {"devices": entries}}, subresource="status", res=RESOURCE_CLAIM,
+        manager=manager)
 
 
 def _key(claim: Obj, device: str) -> tuple[str, str, str]:
