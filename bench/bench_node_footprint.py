@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
 from lightkube.resources.apps_v1 import DaemonSet
 
 from bench.bench_agent_loop import usage
@@ -117,7 +116,7 @@ def main() -> None:
 
         def running() -> dict[str, int] | None:
             found = {a.command.split()[0]: a.pid for a in op.cluster.agents() if a.node == NODE}
-            return found if AGENTS <= set(found) else None
+            return found if set(found) >= AGENTS else None
 
         agents = wait("every agent running on " + NODE, running)
         start = {name: usage(pid) for name, pid in agents.items()}

@@ -22,10 +22,3 @@ def node() -> Iterator[Node]:
     """A node with 8 VFs (veth pairs in its own namespace) and its cni-daemon running."""
     with node_with_daemon(vfs=8) as n:
         yield n
-
-
-@pytest.fixture
-def big_node() -> Iterator[Node]:
-    """A node with 64 VFs, for concurrency."""
-    with node_with_daemon(vfs=64) as n:
-        yield n

@@ -19,6 +19,9 @@ from tests.netns.cni_harness import (
     remove_node,
 )
 
+from nicop.api.agents import AGENT_MEMORY
+from nicop.kube.resources import quantity
+
 pytestmark = pytest.mark.netns
 
 
@@ -67,8 +70,15 @@ def test_100_add_del_cycles_leave_nothing_behind(node: Node) -> None:
     assert len([c for c in calls if c.startswith("LinkSetVfVlanQosProto")]) == 2 * total  # ADD, DEL
 
 
-def test_50_concurrent_adds_get_50_addresses_and_50_vfs(big_node: Node) -> None:
-    node = big_node
+def test_50_concurrent_adds_get_50_addresses_and_50_vfs_within_the_daemons_memory_limit(
+        node_without_daemon: Node, tmp_path: Path) -> None:
+    """The CNI daemon's busiest moment, in its own process as on a node: 50 pods' ADDs at once
+    (as many as the node has VFs). Each gets its VF and an address of its own, and the daemon's
+    peak memory stays under the limit its DaemonSet sets (nicop.api.agents.AGENT_MEMORY)."""
+    node = node_without_daemon
+    daemon = DaemonProcess(node, tmp_path / "daemon.log")
+    node.daemon = daemon
+    daemon.start()
     pods = [node.pod() for _ in range(50)]
 
     def add(i: int) -> CniCall:
@@ -84,7 +94,13 @@ def test_50_concurrent_adds_get_50_addresses_and_50_vfs(big_node: Node) -> None:
     for i, pod in enumerate(pods):
         assert links(pod)["net1"]["address"] == f"02:00:00:00:01:{i:02x}"
     on_node = links(node.netns)
-    assert [vf.netdev in on_node for vf in node.vfs] == [False] * 50 + [True] * 14
+    assert [vf.netdev in on_node for vf in node.vfs] == [False] * 50
+    assert daemon.proc is not None and daemon.proc.poll() is None
+    limit = quantity(AGENT_MEMORY["cni-daemon"][1])
+    peak = peak_rss(daemon.proc.pid)
+    print(f"\ncni-daemon peak RSS after 50 concurrent ADDs: {peak / 2**20:.1f} MiB "
+          f"(limit {limit / 2**20:.0f} MiB)")
+    assert peak < limit
 
     def delete(i: int) -> CniCall:
         return node.cni("sriov", "DEL", sriov(node, i), netns=pods[i], container_id=f"c{i}",
@@ -93,6 +109,14 @@ def test_50_concurrent_adds_get_50_addresses_and_50_vfs(big_node: Node) -> None:
     with ThreadPoolExecutor(50) as pool:
         assert [c.rc for c in pool.map(delete, range(50))] == [0] * 50
     assert_node_clean(node, pods)
+
+
+def peak_rss(pid: int) -> int:
+    """Bytes: the process's VmHWM."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for {pid}")
 
 
 @pytest.fixture

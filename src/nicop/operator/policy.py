@@ -162,8 +162,8 @@ class PolicyController:
         return errors
 
     def _removed_fields(self, policy: Obj) -> list[str]:
-        """removed_fields of this generation of the policy (validating the model each pass
-        cost more than the rest of a reconcile of a big cluster)."""
+        """removed_fields of this generation of the policy: the model is validated once a
+        generation, not on every pass."""
         meta = policy["metadata"]
         generation = (meta.get("uid"), meta.get("generation"))
         if self._removed[0] != generation or generation[1] is None:
