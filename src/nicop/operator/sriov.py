@@ -490,19 +490,20 @@ class SriovPolicyController:
     async def reconcile(self, key: str) -> Result | None:
         config = operator_config(self.configs.store.items(), self.namespace)
         apply_log_level(config)
+        states = {name_of(s): s for s in self.states.store.items()}
+        policies = self.policies.store.items()
+        if not policies and config is None and not states:
+            # SR-IOV is not in use (no policy, no operator config, no node state left to
+            # empty): no node state, label or ConfigMap for a thousand nodes that need none,
+            # and no pass over them.
+            await self._sync_classes([])
+            return None
         selector = (spec_of(config or {}).get("configDaemonNodeSelector")
                     or DEFAULT_DAEMON_NODE_SELECTOR)
         nodes = sorted((n for n in self.nodes.store.items() if labels_match(selector, n)),
                        key=name_of)
-        states = {name_of(s): s for s in self.states.store.items()}
         found = {name: ((s.get("status") or {}).get("interfaces") or [])
                  for name, s in states.items()}
-        policies = self.policies.store.items()
-        if not policies and config is None and not states:
-            # SR-IOV is not in use (no policy, no operator config, no node state left to
-            # empty): no node state, label or ConfigMap for a thousand nodes that need none.
-            await self._sync_classes([])
-            return None
         refused = refusals(policies, nodes, found)
         accepted = [p for p in policies if name_of(p) not in refused]
         await self._sync_classes(accepted)

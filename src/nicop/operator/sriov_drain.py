@@ -279,6 +279,8 @@ class SriovDrainController:
 
     async def _start_drains(self, no_drain: bool) -> bool:
         """Begin drains of waiting nodes while their pools leave room."""
+        if not any(_waits(s) for s in self.states.store.items()):
+            return False  # nothing to start: no pass over every node's pool
         pools = self.pools.store.items()
         nodes = self.nodes.store.items()
         pool_names: dict[str, str] = {}  # node -> pool name ("" = default pool)
@@ -301,8 +303,7 @@ class SriovDrainController:
             if ann.get(CURRENT_STATE) in (DRAINING, DRAIN_COMPLETE):
                 pool_name = pool_names.get(name, DEFAULT_POOL)
                 busy[pool_name] = busy.get(pool_name, 0) + 1
-            elif ann.get(CURRENT_STATE) == IDLE and ann.get(DESIRED_STATE) in (
-                    DRAIN_REQUIRED, REBOOT_REQUIRED):
+            elif _waits(state):
                 waiting.append(state)
         by_name = {p["metadata"]["name"]: p for p in pools}
         started = False
@@ -432,3 +433,10 @@ class SriovDrainController:
                 return
             raise
         self.states.assume(updated)
+
+
+def _waits(state: Obj) -> bool:
+    """The node's daemon asks for a drain that has not begun."""
+    ann = _annotations(state)
+    return ann.get(CURRENT_STATE) == IDLE and ann.get(DESIRED_STATE) in (DRAIN_REQUIRED,
+                                                                          REBOOT_REQUIRED)
