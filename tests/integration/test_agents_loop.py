@@ -49,10 +49,15 @@ RDMA_CONFIG = {"configList": [
 SRIOV_CONFIG = {"resourceList": [
     {"resourcePrefix": "nvidia.com", "resourceName": "ib_vf",
      "selectors": {"vendors": ["15b3"], "devices": ["101e"], "linkTypes": ["infiniband"]}}]}
-# Upstream's probe fields, shortened so the driver is judged in seconds, not minutes.
+# Upstream's probe fields, shortened so the driver is judged in seconds, not minutes. Upstream's
+# default of one failure would let a single probe process that a loaded machine starts too late
+# take the driver (and with mofed.wait every plugin of the node) away mid-test: three, as a
+# cluster on busy nodes sets them.
 FAST_PROBES = {"startupProbe": {"initialDelaySeconds": 1, "periodSeconds": 2},
-               "livenessProbe": {"initialDelaySeconds": 5, "periodSeconds": 10},
-               "readinessProbe": {"initialDelaySeconds": 1, "periodSeconds": 3}}
+               "livenessProbe": {"initialDelaySeconds": 5, "periodSeconds": 10,
+                                 "failureThreshold": 3},
+               "readinessProbe": {"initialDelaySeconds": 1, "periodSeconds": 3,
+                                  "failureThreshold": 3}}
 POLICY: dict[str, Any] = {
     "apiVersion": "mellanox.com/v1alpha1", "kind": "NicClusterPolicy",
     "metadata": {"name": "nic-cluster-policy"},
