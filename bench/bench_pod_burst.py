@@ -32,40 +32,14 @@ from lightkube.resources.core_v1 import Node, Pod
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.bench_agent_loop import usage
+from bench.bench_pod_start import VF, percentile, wait, workload
 from bench.common import NCP, cluster_with_operator
 from nicop.api.nodes import ipam_usage
 
 ROOT = Path(__file__).resolve().parents[1]
 NODES = 10
-RDMA, VF = "nvidia.com/rdma_roce", "nvidia.com/cx6dx_vf"
 NETWORK_STATUS = "k8s.v1.cni.cncf.io/network-status"
 NAMESPACE = "nvidia-network-operator"
-
-
-def workload(name: str, node: str) -> Pod:
-    return Pod.from_dict({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default",
-                     "annotations": {"k8s.v1.cni.cncf.io/networks": "roce-vlan100"}},
-        "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
-                 "terminationGracePeriodSeconds": 5, "containers": [{
-                     "name": "app", "image": "nicop:0.1.0",
-                     "command": ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"],
-                     "resources": {"limits": {VF: "1", RDMA: "1"}}}]}})
-
-
-def wait(what: str, check: Any, timeout: float = 600, every: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := check():
-            return result
-        time.sleep(every)
-    raise SystemExit(f"timed out after {timeout:.0f}s: {what}")
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def bucket_percentile(buckets: dict[float, float], q: float) -> float:
