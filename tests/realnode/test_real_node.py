@@ -120,7 +120,10 @@ def test_nicops_agents_run_on_the_real_node_ready_by_the_kubelets_probes(
     node = real_client.get(Node, NODE)
     assert node.status.nodeInfo.containerRuntimeVersion.startswith("containerd://")
     assert node.status.nodeInfo.kubeletVersion.startswith("v1.")
-    assert allocatable(real_client) == "63"
+    # The plugin is Ready once registered; the kubelet writes the new resource into the node's
+    # status at its next status update (every 10 s).
+    eventually(lambda: allocatable(real_client) == "63", timeout=30,
+               what="the kubelet to put the plugin's 63 devices in the node's allocatable")
 
 
 def all_ready(pods: list[Pod]) -> list[Pod] | None:
