@@ -2,22 +2,28 @@
 change watched: an upgrade-failed node keeps its maxParallelUpgrades slot as upstream's upgrade
 library counts it (NVIDIA/k8s-operator-libs pkg/upgrade/common_manager.go,
 GetUpgradesInProgress and GetUpgradesAvailable), so the upgrade never has more nodes cordoned
-than maxParallelUpgrades.
+than maxParallelUpgrades. Before the change is applied, `nicop plan` of it names the nodes in
+the batches the rollout then really starts them in, and the pod and budget that block node-1.
 
 This module runs its own control plane with 10 nodes and its own operator.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from lightkube import Client
 from lightkube.resources.core_v1 import Node, Pod
 from tests.eventually import eventually
 from tests.integration.driver_upgrades import (
+    STATE,
     NicClusterPolicy,
     budget,
     deployment,
@@ -74,20 +80,39 @@ def op(slots: tuple[LocalCluster, Client], tmp_path: Path) -> Iterator[OperatorP
 class CordonWatch:
     """Watches the nodes and records which are cordoned after every change, in the API server's
     order: every moment of the rollout, where sampling on a busy machine could miss the short
-    ones."""
+    ones; and the order in which the nodes were started (set to cordon-required)."""
 
     def __init__(self, client: Client) -> None:
         self.moments: list[frozenset[str]] = []
+        self.started: list[str] = []
         self._cordoned: dict[str, bool] = {}
         self._watch = Watch(lambda: client.watch(Node), self._seen)
 
     def _seen(self, node: Node) -> None:
-        self._cordoned[node.metadata.name] = bool(node.spec.unschedulable)
+        name = node.metadata.name
+        self._cordoned[name] = bool(node.spec.unschedulable)
         self.moments.append(frozenset(n for n, c in self._cordoned.items() if c))
+        if (node.metadata.labels or {}).get(STATE) == "cordon-required" \
+                and name not in self.started:
+            self.started.append(name)
 
     def stop(self) -> list[frozenset[str]]:
         self._watch.stop()
         return list(self.moments)
+
+
+def nicop_plan(kubeconfig: Path, policy_file: Path, *args: str
+               ) -> subprocess.CompletedProcess[str]:
+    """`nicop plan` as a user runs it."""
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "nicop"), "plan", "-f", str(policy_file),
+         "--kubeconfig", str(kubeconfig), "-n", NAMESPACE, *args],
+        capture_output=True, text=True, timeout=120)
+
+
+def written(path: Path, obj: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(obj))
+    return path
 
 
 def driver_versions(client: Client) -> dict[str, str]:
@@ -104,16 +129,51 @@ def workloads(client: Client) -> None:
 
 
 def test_a_failed_node_keeps_its_slot_so_at_most_3_nodes_are_ever_cordoned(
-    client: Client, op: OperatorProcess
+    slots: tuple[LocalCluster, Client], client: Client, op: OperatorProcess, tmp_path: Path
 ) -> None:
     """10 nodes, maxParallelUpgrades 3, BLOCKED's drain refused by a PodDisruptionBudget until
     its 20 s drain timeout fails it (nicop's documented behaviour: the node stays cordoned in
     upgrade-failed with the reason, until its driver is Ready). At every change of a node through
-    the whole rollout, never more than 3 nodes are cordoned; the 9 others finish."""
+    the whole rollout, never more than 3 nodes are cordoned; the 9 others finish.
+
+    Before it, `nicop plan` of a label change says nothing is disruptive (exit 0), and of the
+    new version lists the batches (3, then 2 at a time: BLOCKED keeps its slot), names BLOCKED's
+    pod and its PodDisruptionBudget, exits 2, and writes nothing: its client sent only reads
+    and dry runs, and the policy's spec, generation and labels are unchanged (the operator
+    writes its status meanwhile). The rollout then starts the
+    nodes in exactly the planned order."""
     workloads(client)
     client.apply(NicClusterPolicy(**policy(OLD)), field_manager="test", force=True)
     eventually(lambda: set(states(client).values()) == {"upgrade-done"}
                and len(driver_versions(client)) == NODES, 120, "every node upgrade-done at first")
+    kubeconfig = slots[0].kubeconfig
+    before = client.get(NicClusterPolicy, "nic-cluster-policy").metadata
+    relabelled = policy(OLD)
+    relabelled["metadata"]["labels"] = {"team": "training"}
+    quiet = nicop_plan(kubeconfig, written(tmp_path / "label.yaml", relabelled))
+    assert quiet.returncode == 0, quiet.stdout + quiet.stderr
+    assert "NicClusterPolicy nic-cluster-policy: changed" in quiet.stdout
+    assert "+    team: training" in quiet.stdout
+    assert quiet.stdout.rstrip().endswith("Nothing disruptive."), quiet.stdout
+    planned = nicop_plan(kubeconfig, written(tmp_path / "new.yaml", policy(NEW)), "-o", "json")
+    assert planned.returncode == 2, planned.stdout + planned.stderr
+    plan = json.loads(planned.stdout)
+    assert plan["requests"]["writes"] == 0 and plan["requests"]["dryRuns"] == 1, plan["requests"]
+    after = client.get(NicClusterPolicy, "nic-cluster-policy")
+    assert after.metadata.generation == before.generation and not after.metadata.labels
+    assert after.spec["ofedDriver"]["version"] == OLD
+    (rollout,) = plan["driverRollouts"]
+    names = sorted(states(client))  # the upgrade takes nodes in name order: node-1, node-10, ...
+    assert rollout["batches"] == [names[:3], names[3:5], names[5:7], names[7:9], names[9:]]
+    blocked = {n["node"]: n["blocked"] for n in rollout["nodes"] if n["blocked"]}
+    assert list(blocked) == [BLOCKED], blocked
+    assert blocked[BLOCKED][0].startswith("work/stuck-"), blocked
+    assert "PodDisruptionBudget work/stuck allows 0 disruptions" in blocked[BLOCKED][0]
+    assert sum(len(n["evicts"]) for n in rollout["nodes"]) == 10  # every training pod
+    told = nicop_plan(kubeconfig, tmp_path / "new.yaml")
+    print(told.stdout)
+    assert told.returncode == 2 and f"  batch 1: {', '.join(names[:3])}" in told.stdout
+    assert f"  {BLOCKED}: evicts" in told.stdout or f"  {BLOCKED}: drain blocked" in told.stdout
     watch = CordonWatch(client)
     try:
         client.apply(NicClusterPolicy(**policy(NEW)), field_manager="test", force=True)
@@ -131,6 +191,8 @@ def test_a_failed_node_keeps_its_slot_so_at_most_3_nodes_are_ever_cordoned(
         eventually(finished, 300, f"{BLOCKED} to fail and the 9 others to finish")
     finally:
         samples = watch.stop()
+    assert watch.started == [n for batch in rollout["batches"] for n in batch], \
+        f"started in another order than planned: {watch.started}"
     worst = max(samples, key=len)
     assert len(worst) <= 3, f"more nodes cordoned than maxParallelUpgrades: {sorted(worst)}"
     assert len(worst) == 3, "the rollout did use its 3 slots"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 
-from nicop.cli import agents, bundle, driver, inspect, operator, upgrade  # noqa: F401
+from nicop.cli import agents, bundle, driver, inspect, operator, plan, upgrade  # noqa: F401
 from nicop.cli.common import app
 
 for _extension in entry_points(group="nicop.cli"):

@@ -2,7 +2,7 @@
 
 kubectl runs any `kubectl-<name>` executable on PATH as `kubectl <name>`, passing the rest of the
 command line unchanged; the package installs `kubectl-nicop`. Its commands are nicop's own
-`status`, `diagnose`, `bundle` and `upgrade retry`, with kubectl's flags: --kubeconfig (or
+`status`, `diagnose`, `plan`, `bundle` and `upgrade retry`, with kubectl's flags: --kubeconfig (or
 $KUBECONFIG), --context, -n for the operator's namespace, -o json|yaml|wide, and exit 1 when
 something failed.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import typer
 
-from nicop.cli import bundle, inspect, upgrade
+from nicop.cli import bundle, inspect, plan, upgrade
 
 EXAMPLES = """\
 Examples:
@@ -27,6 +27,8 @@ Examples:
   # Why a node or a pod has no RDMA
   kubectl nicop diagnose node worker-3
   kubectl nicop diagnose pod default/trainer-0 -o yaml
+  # What applying a policy change would do (nodes reloaded, pods evicted); writes nothing
+  kubectl nicop plan -f nicclusterpolicy.yaml
   # A support archive, operator installed in another namespace
   kubectl nicop bundle -n network-operator -o support.tar.gz
   # A node whose driver upgrade failed, its cause fixed: retry it now
@@ -38,11 +40,12 @@ plugin = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    help="nicop's status, diagnosis and support bundle, as a kubectl plugin.",
+    help="nicop's status, diagnosis, plan and support bundle, as a kubectl plugin.",
     epilog=EXAMPLES,
 )
 plugin.command("status", epilog=EXAMPLES)(inspect.status)
 plugin.command("diagnose", epilog=EXAMPLES)(inspect.diagnose)
+plugin.command("plan", epilog=EXAMPLES)(plan.plan)
 plugin.command("bundle", epilog=EXAMPLES)(bundle.bundle)
 plugin.add_typer(upgrade.upgrade_app, name="upgrade")
 

@@ -206,10 +206,13 @@ class ApiClient:
             raise Unreachable(e, self.connection.server) from None
 
     # ------------------------------------------------------------------ writes
-    async def create(self, obj: Obj, *, res: Resource | None = None) -> Obj:
+    async def create(self, obj: Obj, *, res: Resource | None = None,
+                     dry_run: bool = False) -> Obj:
+        """Create; with `dry_run` the object as the API server would store it, unwritten."""
         res = res or resource_of(obj)
         ns = obj["metadata"].get("namespace")
-        return await self._send("create", res, "POST", res.path(ns), body=obj)
+        return await self._send("dry-run" if dry_run else "create", res, "POST", res.path(ns),
+                                body=obj, params={"dryRun": "All"} if dry_run else None)
 
     async def apply(
         self, obj: Obj, *, subresource: str | None = None, force: bool = True,
@@ -244,12 +247,15 @@ class ApiClient:
                                 params={"fieldManager": FIELD_MANAGER},
                                 content_type=PATCH_TYPES[patch_type])
 
-    async def update(self, obj: Obj, *, subresource: str | None = None) -> Obj:
-        res = resource_of(obj)
+    async def update(self, obj: Obj, *, subresource: str | None = None,
+                     res: Resource | None = None, dry_run: bool = False) -> Obj:
+        """Replace; with `dry_run` the object as the API server would store it, unwritten."""
+        res = res or resource_of(obj)
         m = obj["metadata"]
         path = res.path(m.get("namespace"), m["name"]) + (f"/{subresource}" if subresource else "")
-        return await self._send("update", res, "PUT", path, body=obj,
-                                params={"fieldManager": FIELD_MANAGER})
+        params = {"fieldManager": FIELD_MANAGER, **({"dryRun": "All"} if dry_run else {})}
+        return await self._send("dry-run" if dry_run else "update", res, "PUT", path, body=obj,
+                                params=params)
 
     async def post(self, res: Resource, name: str, subresource: str,
                    namespace: str | None, body: Obj) -> Obj:

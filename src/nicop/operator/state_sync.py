@@ -111,6 +111,20 @@ def owner_reference(kind: Resource, policy: Obj, controller: bool = True) -> Obj
     return ref
 
 
+def own(obj: Obj, state: State, ctx: Context, kind: Resource, co_owners: list[Obj]) -> None:
+    """Label, annotate and owner-reference a rendered object (the revision hashes the rest)."""
+    m = obj["metadata"]
+    m.setdefault("labels", {}).update({STATE_LABEL: state.name, OWNER_LABEL: ctx.owner})
+    others = sorted(co_owners, key=lambda o: o["metadata"]["name"])
+    # Co-owners are hashed in, so one more or less rewrites the owner references.
+    m.setdefault("annotations", {})[REVISION_ANNOTATION] = content_hash(
+        [obj, [o["metadata"]["uid"] for o in others]] if others else obj)
+    if obj["kind"] == CRD.kind:
+        return  # a CRD never goes with the policy (see StateSync._release_from_policy)
+    m["ownerReferences"] = [owner_reference(kind, ctx.policy), *(
+        owner_reference(kind, o, controller=False) for o in others)]
+
+
 @dataclass
 class Applied:
     name: str
@@ -185,7 +199,7 @@ class StateSync:
                       if o["metadata"]["uid"] != ctx.policy["metadata"]["uid"]]
             if any(o["metadata"]["name"] < name for o in others):
                 continue  # written by the first of its owners by name
-            self._own(obj, state, ctx, kind, others)
+            own(obj, state, ctx, kind, others)
             res = resource_of(obj)
             wanted.add((res, key_of(obj)))
             cached = self.owned[res].store.get(key_of(obj))
@@ -300,20 +314,6 @@ class StateSync:
             ctx.policy, "Normal", "Adopted",
             f"{state.name}: {writes.describe(crd)} is one of nicop's own CRDs: kept, and no "
             "longer owned by the policy, so deleting the policy keeps its custom resources")
-
-    def _own(self, obj: Obj, state: State, ctx: Context, kind: Resource,
-             co_owners: list[Obj]) -> None:
-        """Label, annotate and owner-reference a rendered object (the revision hashes the rest)."""
-        m = obj["metadata"]
-        m.setdefault("labels", {}).update({STATE_LABEL: state.name, OWNER_LABEL: ctx.owner})
-        others = sorted(co_owners, key=lambda o: o["metadata"]["name"])
-        # Co-owners are hashed in, so one more or less rewrites the owner references.
-        m.setdefault("annotations", {})[REVISION_ANNOTATION] = content_hash(
-            [obj, [o["metadata"]["uid"] for o in others]] if others else obj)
-        if obj["kind"] == CRD.kind:
-            return  # a CRD never goes with the policy (see _release_from_policy)
-        m["ownerReferences"] = [owner_reference(kind, ctx.policy), *(
-            owner_reference(kind, o, controller=False) for o in others)]
 
     def _not_ready(self, obj: Obj, ctx: Context, unmanaged: list[str]) -> str | None:
         """Why a rendered object is not ready yet, in words a user can act on; None if ready."""

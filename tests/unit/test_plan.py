@@ -1,0 +1,72 @@
+"""`nicop plan`'s pure parts: the batches a driver reload starts in (the upgrade controller's own
+slot rule, nicop.operator.upgrade.nodes_to_start, played round by round) and the diff of an
+object. The plan against a live cluster, compared with the rollout it predicts, is in
+tests/integration/test_driver_upgrade_slots.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nicop.api.upgrade import DONE, STATE_LABEL
+from nicop.operator.upgrade import NodeView
+from nicop.plan import DriverRollout, NodeReload, Plan, batches, diff, text
+
+
+def views(count: int, **spec: Any) -> list[NodeView]:
+    nodes = [{"metadata": {"name": f"node-{i}", "labels": {STATE_LABEL: DONE}},
+              "spec": dict(spec), "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+             for i in range(count)]
+    return [NodeView(n, {"metadata": {}}, False) for n in nodes]
+
+
+def test_a_blocked_node_keeps_its_slot_so_later_batches_are_smaller() -> None:
+    """10 nodes, maxParallelUpgrades 3, node-1's drain blocked: it fails holding its slot, as
+    upgrade-failed does, so after the first batch of 3 the rollout goes 2 at a time."""
+    assert batches(views(10), 3, None, {"node-1"}) == [
+        ["node-0", "node-1", "node-2"], ["node-3", "node-4"], ["node-5", "node-6"],
+        ["node-7", "node-8"], ["node-9"]]
+
+
+def test_max_unavailable_bounds_the_batches_and_zero_parallel_means_no_limit() -> None:
+    assert batches(views(5), 0, "40%", set()) == [["node-0", "node-1"], ["node-2", "node-3"],
+                                                   ["node-4"]]
+    assert batches(views(4), 0, None, set()) == [["node-0", "node-1", "node-2", "node-3"]]
+
+
+def test_nodes_cordoned_before_their_upgrade_start_without_a_slot() -> None:
+    """Upstream's in-place rule: a node already unschedulable costs no further availability."""
+    nodes = views(4)
+    nodes[3].node["spec"]["unschedulable"] = True
+    assert batches(nodes, 1, None, set())[0] == ["node-0", "node-3"]
+
+
+def test_every_node_stuck_ends_the_rollout_with_the_rest_never_started() -> None:
+    assert batches(views(3), 1, None, {"node-0"}) == [["node-0"]]
+
+
+def test_the_diff_shows_only_what_a_user_changed() -> None:
+    live = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+        "name": "a", "resourceVersion": "7", "uid": "u", "managedFields": [{}]},
+        "data": {"k": "1"}, "status": {"x": 1}}
+    planned = {**live, "metadata": {**live["metadata"], "resourceVersion": "8"},
+               "data": {"k": "2"}}
+    lines = diff(live, planned)
+    assert "-  k: '1'" in lines and "+  k: '2'" in lines
+    assert not any("resourceVersion" in line or "managedFields" in line for line in lines)
+    assert diff(live, {**live, "status": {"x": 2}}) == []
+
+
+def test_the_text_names_batches_blocked_pods_and_the_verdict() -> None:
+    rollout = DriverRollout("NicClusterPolicy nic-cluster-policy", "ns/mofed", True, 2, None,
+                            True, batches=[["a", "b"]], nodes=[
+                                NodeReload("a", 1, evicts=["work/x"]),
+                                NodeReload("b", 1, blocked=["work/db (PodDisruptionBudget "
+                                                            "work/db allows 0 disruptions)"])])
+    lines = text(Plan(rollouts=[rollout]))
+    assert "  batch 1: a, b" in lines
+    assert any("b: drain blocked: work/db (PodDisruptionBudget work/db" in line
+               for line in lines)
+    assert lines[-1].startswith("Disruptive: NicClusterPolicy nic-cluster-policy: the driver "
+                                "reloads on 2 nodes")
+    assert text(Plan())[-1] == "Nothing disruptive."
+    assert Plan().exit_code() == 0 and Plan(rollouts=[rollout]).exit_code() == 2
