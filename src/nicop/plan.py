@@ -7,7 +7,9 @@ render the policy as it is and as it would be; what differs is what the operator
 change and delete. A driver DaemonSet whose pods would run something else means a driver reload
 on each of its nodes, ordered by the upgrade controller's own slot rule
 (nicop.operator.upgrade.nodes_to_start) and with each node's drain judged as the controller
-judges it (nicop.operator.drain). The JSON form is docs/plan-schema.json.
+judges it (nicop.operator.drain). For a SriovNetworkNodePolicy, the node states the operator
+would write and what each node's config daemon would then do to its VFs (drain, reboot). The
+JSON form is docs/plan-schema.json.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import difflib
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -47,13 +49,32 @@ from nicop.kube.resources import (
     NODE,
     POD,
     POD_DISRUPTION_BUDGET,
+    SRIOV_NODE_POLICY,
     Obj,
     Resource,
     key_of,
 )
 from nicop.kube.scheduling import daemon_pod_filter
+from nicop.node.sriov_daemon import plan as vf_work
 from nicop.operator.drain import evictable, pod_name, refusal
 from nicop.operator.node_policy import NNP, NNP_STATES, selects
+from nicop.operator.sriov import (
+    DEFAULT_DAEMON_NODE_SELECTOR,
+    labels_match,
+    node_state_spec,
+)
+from nicop.operator.sriov import refusals as sriov_refusals
+from nicop.operator.sriov_drain import (
+    NODE_STATE,
+    OPERATOR_CONFIG,
+    POOL_CONFIG,
+    PoolError,
+    disable_drain,
+    operator_config,
+    pool_of,
+    resource_prefix,
+    uses_resource,
+)
 from nicop.operator.state_sync import HOLDS_DATA, own
 from nicop.operator.states import STATES
 from nicop.operator.states.base import Context, RenderError, State
@@ -117,11 +138,25 @@ class DriverRollout:
 
 
 @dataclass
+class VfChange:
+    """One node whose VFs an SR-IOV policy change would reconfigure."""
+
+    node: str
+    changes: list[str]  # per PF, what changes (the config daemon's own words)
+    drain: bool
+    reboot: bool
+    undrained: bool = False  # VFs in use change without a drain (disableDrain)
+    evicts: list[str] = field(default_factory=list)
+    blocked: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Plan:
     objects: list[ObjectChange] = field(default_factory=list)  # the file's
     operator: list[ObjectChange] = field(default_factory=list)  # what the operator renders
     restarts: list[str] = field(default_factory=list)
     rollouts: list[DriverRollout] = field(default_factory=list)
+    vf_changes: list[VfChange] = field(default_factory=list)
     requests: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -142,6 +177,14 @@ class Plan:
             if r.new_nodes:
                 found.append(f"{r.policy}: the driver is loaded for the first time on "
                              f"{len(r.new_nodes)} nodes")
+        for v in self.vf_changes:
+            if v.undrained:
+                found.append(f"node {v.node}: VFs pods may use are reconfigured without a "
+                             "drain (SriovOperatorConfig disableDrain)")
+            elif v.reboot or v.drain:
+                found.append(f"node {v.node} is {'rebooted' if v.reboot else 'drained'} to "
+                             "reconfigure its VFs" + (f" ({len(v.evicts)} pods evicted)"
+                                                      if v.evicts else ""))
         found += [f"{c.title} is deleted" for c in self.operator if c.action == "delete"
                   and c.kind in (DAEMONSET.kind, DEPLOYMENT.kind)]
         return found
@@ -153,7 +196,11 @@ class Plan:
             "operatorObjects": [_change_json(c) for c in self.operator
                                 if c.action != "unchanged"],
             "podRestarts": self.restarts,
-            "driverRollouts": [asdict(r) for r in self.rollouts],
+            "driverRollouts": [_rollout_json(r) for r in self.rollouts],
+            "vfChanges": [{"node": v.node, "changes": v.changes, "drain": v.drain,
+                           "reboot": v.reboot, "undrained": v.undrained, "evicts": v.evicts,
+                           "blocked": v.blocked}
+                          for v in self.vf_changes],
             "disruptive": self.disruptive,
             "refused": [f"{c.title}: {c.note}" for c in self.refused],
             "requests": self.requests,
@@ -164,6 +211,15 @@ class Plan:
         if self.refused:
             return 1
         return 2 if self.disruptive else 0
+
+
+def _rollout_json(r: DriverRollout) -> Obj:
+    return {"policy": r.policy, "daemonSet": r.daemonset, "automatic": r.automatic,
+            "maxParallelUpgrades": r.max_parallel_upgrades, "maxUnavailable": r.max_unavailable,
+            "drain": r.drain, "batches": r.batches, "newNodes": r.new_nodes,
+            "nodes": [{"node": n.node, "batch": n.batch, "evicts": n.evicts,
+                       "waitsFor": n.waits_for, "blocked": n.blocked, "refused": n.refused,
+                       "preflight": n.preflight, "waiting": n.waiting} for n in r.nodes]}
 
 
 def _change_json(c: ObjectChange) -> Obj:
@@ -385,8 +441,6 @@ def plan_reloads(rollout: DriverRollout, nodes: list[Obj], pods: dict[str, Obj],
     by_node = cluster.pods_on()
     wait = upgrade.get("waitForCompletion") or {}
     drain = upgrade.get("drain") or {}
-    allowed = {key_of(b): int((b.get("status") or {}).get("disruptionsAllowed", 0))
-               for b in cluster.budgets}
     reloads = {}
     for node in nodes:
         name = node["metadata"]["name"]
@@ -400,22 +454,9 @@ def plan_reloads(rollout: DriverRollout, nodes: list[Obj], pods: dict[str, Obj],
                 wait["podSelector"], labels_of(p)) and (p.get("status") or {}).get("phase")
                 not in ("Succeeded", "Failed")]
         if rollout.drain:
-            budgets_left = dict(allowed)  # each node's drain meets the budgets as they are
-            for pod in on_node:
-                if not evictable(pod, drain.get("podSelector") or ""):
-                    continue
-                if why := refusal(pod, drain, DRAIN_FIELD):
-                    reload.refused = f"pod {pod_name(pod)} {why}"
-                    break
-                budget = _budget_of(pod, cluster.budgets)
-                if budget is not None and budgets_left[key_of(budget)] <= 0:
-                    reload.blocked.append(
-                        f"{pod_name(pod)} (PodDisruptionBudget {key_of(budget)} allows "
-                        f"{allowed[key_of(budget)]} disruptions)")
-                    continue
-                if budget is not None:
-                    budgets_left[key_of(budget)] -= 1
-                reload.evicts.append(pod_name(pod))
+            reload.evicts, reload.blocked, reload.refused = drain_of(
+                [p for p in on_node if evictable(p, drain.get("podSelector") or "")],
+                cluster.budgets, drain)
             if reload.blocked:
                 timeout = int(drain.get("timeoutSeconds", 300) or 0)
                 reload.waiting = (f"the drain fails after {timeout} s and the node keeps its "
@@ -437,6 +478,30 @@ def plan_reloads(rollout: DriverRollout, nodes: list[Obj], pods: dict[str, Obj],
     for number, batch in enumerate(rollout.batches, 1):
         for name in batch:
             reloads[name].batch = number
+
+
+def drain_of(pods: list[Obj], budgets: list[Obj], drain: Obj | None
+             ) -> tuple[list[str], list[str], str | None]:
+    """What a drain of these pods meets: the pods evicted, those a PodDisruptionBudget keeps
+    (with the budget), and a pod `kubectl drain` would refuse under the driver's `drain`
+    settings (None: no such check, as the SR-IOV drain)."""
+    allowed = {key_of(b): int((b.get("status") or {}).get("disruptionsAllowed", 0))
+               for b in budgets}
+    left = dict(allowed)
+    evicts: list[str] = []
+    blocked: list[str] = []
+    for pod in pods:
+        if drain is not None and (why := refusal(pod, drain, DRAIN_FIELD)):
+            return evicts, blocked, f"pod {pod_name(pod)} {why}"
+        budget = _budget_of(pod, budgets)
+        if budget is not None and left[key_of(budget)] <= 0:
+            blocked.append(f"{pod_name(pod)} (PodDisruptionBudget {key_of(budget)} allows "
+                           f"{allowed[key_of(budget)]} disruptions)")
+            continue
+        if budget is not None:
+            left[key_of(budget)] -= 1
+        evicts.append(pod_name(pod))
+    return evicts, blocked, None
 
 
 def _budget_of(pod: Obj, budgets: list[Obj]) -> Obj | None:
@@ -486,6 +551,9 @@ async def plan(client: ApiClient, objects: list[Obj], namespace: str) -> Plan:
             _policy_effects(result, cluster, live, stored, namespace, NIC_CLUSTER_POLICY)
         elif obj["kind"] == NNP.kind and obj["apiVersion"] == NNP.api_version:
             _policy_effects(result, cluster, live, stored, namespace, NNP)
+        elif obj["kind"] == SRIOV_NODE_POLICY.kind and \
+                obj["apiVersion"] == SRIOV_NODE_POLICY.api_version:
+            await _sriov_effects(client, result, cluster, stored, change, namespace)
     result.requests = {"reads": sum(n for (verb, _), n in client.requests.items()
                                     if verb in ("get", "list")),
                        "dryRuns": sum(n for (verb, _), n in client.requests.items()
@@ -519,6 +587,60 @@ def _policy_effects(result: Plan, cluster: Cluster, live: Obj | None, stored: Ob
     result.rollouts += driver_rollouts(before, after, stored, cluster, namespace, owner)
 
 
+# ------------------------------------------------------------------ SR-IOV
+
+
+async def _sriov_effects(client: ApiClient, result: Plan, cluster: Cluster, stored: Obj,
+                         change: ObjectChange, namespace: str) -> None:
+    """The node states the operator would write with the policy replaced, and what each node's
+    config daemon would then do (nicop.node.sriov_daemon.plan: the same comparison)."""
+    states = {s["metadata"]["name"]: s for s in (await client.list(NODE_STATE, namespace))[0]}
+    config = operator_config((await client.list(OPERATOR_CONFIG, namespace))[0], namespace)
+    pools = (await client.list(POOL_CONFIG, namespace))[0]
+    live = [p for p in (await client.list(SRIOV_NODE_POLICY, namespace))[0]]
+    name = stored["metadata"]["name"]
+    planned = [p for p in live if p["metadata"]["name"] != name] + [stored]
+    selector = ((config or {}).get("spec") or {}).get("configDaemonNodeSelector") \
+        or DEFAULT_DAEMON_NODE_SELECTOR
+    nodes = sorted((n for n in cluster.nodes if labels_match(selector, n)),
+                   key=lambda n: n["metadata"]["name"])
+    found = {n: ((s.get("status") or {}).get("interfaces") or []) for n, s in states.items()}
+    refused = sriov_refusals(planned, nodes, found)
+    if name in refused:
+        change.action, change.note = "refused", f"the operator would refuse it: {refused[name][1]}"
+        return
+    accepted_before = [p for p in live if p["metadata"]["name"] not in sriov_refusals(
+        live, nodes, found)]
+    accepted = [p for p in planned if p["metadata"]["name"] not in refused]
+    by_node = cluster.pods_on()
+    no_drain = disable_drain(config)
+    prefix = resource_prefix()
+    for node in nodes:
+        node_name = node["metadata"]["name"]
+        interfaces = found.get(node_name, [])
+        if not interfaces:
+            continue  # the config daemon has not reported this node's PFs: nothing to apply
+        try:
+            rdma_mode = ((pool_of(node, pools) or {}).get("spec") or {}).get("rdmaMode")
+        except PoolError:
+            rdma_mode = None
+        before = node_state_spec(accepted_before, node, interfaces, rdma_mode)
+        after = node_state_spec(accepted, node, interfaces, rdma_mode)
+        if before == after:
+            continue
+        applied = {i["pciAddress"]: i for i in before.get("interfaces") or []}
+        work = vf_work(after, interfaces, applied)
+        if not work:
+            continue
+        vf = VfChange(node_name, work.describe().split("; "), work.drain and not no_drain,
+                      work.reboot, undrained=work.drain and no_drain)
+        if vf.drain:
+            pods = [p for p in by_node.get(node_name, [])
+                    if evictable(p, "") and (work.reboot or uses_resource(p, prefix))]
+            vf.evicts, vf.blocked, _ = drain_of(pods, cluster.budgets, None)
+        result.vf_changes.append(vf)
+
+
 # ------------------------------------------------------------------ text
 
 
@@ -548,6 +670,16 @@ def text(result: Plan) -> list[str]:
             lines += _node_lines(n)
         if r.new_nodes:
             lines.append(f"  first driver load (no driver pod yet): {', '.join(r.new_nodes)}")
+    if result.vf_changes:
+        lines += ["", "SR-IOV: the config daemons would reconfigure these nodes' VFs:"]
+    for v in result.vf_changes:
+        how = "reboot" if v.reboot else "drain" if v.drain else \
+            "no drain: disableDrain" if v.undrained else "no drain: no VFs yet"
+        lines.append(f"  {v.node} ({how}): {'; '.join(v.changes)}")
+        if v.evicts:
+            lines.append(f"    evicts {', '.join(v.evicts)}")
+        if v.blocked:
+            lines.append(f"    drain blocked: {', '.join(v.blocked)}")
     lines.append("")
     if result.refused:
         lines.append("Refused by the API server: nothing would be applied as written.")

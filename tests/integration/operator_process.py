@@ -1,4 +1,5 @@
-"""Run `nicop operator` as a real process against the test cluster, and read its metrics."""
+"""Run `nicop operator` as a real process against the test cluster, and read its metrics; run
+`nicop plan` as a user does."""
 
 from __future__ import annotations
 
@@ -21,6 +22,15 @@ RECONCILE_METRIC = re.compile(
 
 
 NAMESPACE = "nvidia-network-operator"
+
+
+def nicop_plan(kubeconfig: Path, policy_file: Path, namespace: str, *args: str
+               ) -> subprocess.CompletedProcess[str]:
+    """`nicop plan -f FILE` as a user runs it."""
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "nicop"), "plan", "-f", str(policy_file),
+         "--kubeconfig", str(kubeconfig), "-n", namespace, *args],
+        capture_output=True, text=True, timeout=120)
 
 
 class OperatorProcess:

@@ -11,8 +11,6 @@ This module runs its own control plane with 10 nodes and its own operator.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +30,7 @@ from tests.integration.driver_upgrades import (
     upgrade_operator,
     wait_running,
 )
-from tests.integration.operator_process import NAMESPACE, OperatorProcess
+from tests.integration.operator_process import NAMESPACE, OperatorProcess, nicop_plan
 from tests.integration.watching import Watch
 
 from nicop_sim.cluster import LocalCluster
@@ -101,15 +99,6 @@ class CordonWatch:
         return list(self.moments)
 
 
-def nicop_plan(kubeconfig: Path, policy_file: Path, *args: str
-               ) -> subprocess.CompletedProcess[str]:
-    """`nicop plan` as a user runs it."""
-    return subprocess.run(
-        [str(Path(sys.executable).parent / "nicop"), "plan", "-f", str(policy_file),
-         "--kubeconfig", str(kubeconfig), "-n", NAMESPACE, *args],
-        capture_output=True, text=True, timeout=120)
-
-
 def written(path: Path, obj: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(obj))
     return path
@@ -150,12 +139,13 @@ def test_a_failed_node_keeps_its_slot_so_at_most_3_nodes_are_ever_cordoned(
     before = client.get(NicClusterPolicy, "nic-cluster-policy").metadata
     relabelled = policy(OLD)
     relabelled["metadata"]["labels"] = {"team": "training"}
-    quiet = nicop_plan(kubeconfig, written(tmp_path / "label.yaml", relabelled))
+    quiet = nicop_plan(kubeconfig, written(tmp_path / "label.yaml", relabelled), NAMESPACE)
     assert quiet.returncode == 0, quiet.stdout + quiet.stderr
     assert "NicClusterPolicy nic-cluster-policy: changed" in quiet.stdout
     assert "+    team: training" in quiet.stdout
     assert quiet.stdout.rstrip().endswith("Nothing disruptive."), quiet.stdout
-    planned = nicop_plan(kubeconfig, written(tmp_path / "new.yaml", policy(NEW)), "-o", "json")
+    planned = nicop_plan(kubeconfig, written(tmp_path / "new.yaml", policy(NEW)), NAMESPACE,
+                         "-o", "json")
     assert planned.returncode == 2, planned.stdout + planned.stderr
     plan = json.loads(planned.stdout)
     assert plan["requests"]["writes"] == 0 and plan["requests"]["dryRuns"] == 1, plan["requests"]
@@ -170,8 +160,7 @@ def test_a_failed_node_keeps_its_slot_so_at_most_3_nodes_are_ever_cordoned(
     assert blocked[BLOCKED][0].startswith("work/stuck-"), blocked
     assert "PodDisruptionBudget work/stuck allows 0 disruptions" in blocked[BLOCKED][0]
     assert sum(len(n["evicts"]) for n in rollout["nodes"]) == 10  # every training pod
-    told = nicop_plan(kubeconfig, tmp_path / "new.yaml")
-    print(told.stdout)
+    told = nicop_plan(kubeconfig, tmp_path / "new.yaml", NAMESPACE)
     assert told.returncode == 2 and f"  batch 1: {', '.join(names[:3])}" in told.stdout
     assert f"  {BLOCKED}: evicts" in told.stdout or f"  {BLOCKED}: drain blocked" in told.stdout
     watch = CordonWatch(client)

@@ -8,11 +8,13 @@ a config daemon, the SR-IOV device plugin and the kubelet stand-in (see test_sri
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from lightkube import Client
 from lightkube.core.exceptions import ApiError
 from lightkube.models.apps_v1 import DeploymentSpec
@@ -29,6 +31,7 @@ from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from tests.eventually import eventually
 from tests.integration.agent_loop import delete
+from tests.integration.operator_process import nicop_plan
 from tests.integration.test_sriov_e2e import (
     PF0,
     PREFIX,
@@ -140,7 +143,21 @@ async def none_cordoned(rig: Rig) -> bool:
     return True
 
 
-def test_numvfs_change_drains_at_most_two_nodes_at_a_time(five: LocalCluster) -> None:
+def planned(kubeconfig: Path, path: Path, change: Obj) -> tuple[int, Obj]:
+    """`nicop plan -o json` of `change`, as a user runs it: its exit code and the plan."""
+    path.write_text(yaml.safe_dump({**change, "apiVersion": "sriovnetwork.openshift.io/v1",
+                                    "metadata": {**change["metadata"],
+                                                 "namespace": OPERATOR_NS}}))
+    proc = nicop_plan(kubeconfig, path, OPERATOR_NS, "-o", "json")
+    assert proc.returncode in (0, 2), proc.stdout + proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_numvfs_change_drains_at_most_two_nodes_at_a_time(five: LocalCluster,
+                                                           tmp_path: Path) -> None:
+    """Also: `nicop plan` of each change says beforehand which nodes reconfigure their VFs,
+    that each is drained (and, with disableDrain, that none is), and the pods each drain
+    evicts: the VF users, never the bystander."""
     client: Client = five.client()
     resource = f"drain_vf_{uuid.uuid4().hex[:6]}"
     selector = ALL
@@ -158,6 +175,16 @@ def test_numvfs_change_drains_at_most_two_nodes_at_a_time(five: LocalCluster) ->
                             60, f"8 VFs allocatable on {name}")
             await asyncio.to_thread(workload, client, resource, 10)
             before = await asyncio.to_thread(pod_uids, client)
+            code, plan = await asyncio.to_thread(planned, five.kubeconfig, tmp_path / "4.yaml",
+                                                 policy("vfs", 4, [PF0], resource, selector))
+            assert code == 2 and plan["requests"]["writes"] == 0, plan
+            assert [v["node"] for v in plan["vfChanges"]] == NODES
+            assert all(v["drain"] and not v["reboot"] and len(v["changes"]) == 1
+                       and v["changes"][0].startswith(f"PF {PF0} (")
+                       and v["changes"][0].endswith("numVfs 8 -> 4")
+                       for v in plan["vfChanges"]), plan["vfChanges"]
+            evicted = [p for v in plan["vfChanges"] for p in v["evicts"] + v["blocked"]]
+            assert len(evicted) == 10 and all(p.startswith(f"{WORK}/vf-user-") for p in evicted)
             watch = CordonWatch(client)
             try:
                 await rig.apply(policy("vfs", 4, [PF0], resource, selector))
@@ -178,6 +205,11 @@ def test_numvfs_change_drains_at_most_two_nodes_at_a_time(five: LocalCluster) ->
 
             # disableDrain: the same kind of change happens without cordoning any node.
             await rig.apply(operator_config(ALL, disableDrain=True))
+            code, plan = await asyncio.to_thread(planned, five.kubeconfig, tmp_path / "6.yaml",
+                                                 policy("vfs", 6, [PF0], resource, selector))
+            assert [v["node"] for v in plan["vfChanges"]] == NODES
+            assert not any(v["drain"] or v["evicts"] for v in plan["vfChanges"])
+            assert code == 2 and all("disableDrain" in line for line in plan["disruptive"])
             watch = CordonWatch(client)
             try:
                 await rig.apply(policy("vfs", 6, [PF0], resource, selector))
