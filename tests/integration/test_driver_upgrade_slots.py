@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from jsonschema import Draft202012Validator
 from lightkube import Client
 from lightkube.resources.core_v1 import Node, Pod
 from tests.eventually import eventually
@@ -36,6 +37,8 @@ from tests.integration.watching import Watch
 from nicop_sim.cluster import LocalCluster
 
 NODES = 10
+PLAN_SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "plan-schema.json")
+                         .read_text())
 BLOCKED = "node-1"  # among the first three to start, so its failure happens mid-rollout
 OLD, NEW = "doca3.5.0-26.07-0.7.0.0-0", "doca3.5.0-26.07-1.0.0.0-0"
 
@@ -148,6 +151,7 @@ def test_a_failed_node_keeps_its_slot_so_at_most_3_nodes_are_ever_cordoned(
                          "-o", "json")
     assert planned.returncode == 2, planned.stdout + planned.stderr
     plan = json.loads(planned.stdout)
+    Draft202012Validator(PLAN_SCHEMA).validate(plan)
     assert plan["requests"]["writes"] == 0 and plan["requests"]["dryRuns"] == 1, plan["requests"]
     after = client.get(NicClusterPolicy, "nic-cluster-policy")
     assert after.metadata.generation == before.generation and not after.metadata.labels

@@ -5,11 +5,24 @@ tests/integration/test_driver_upgrade_slots.py."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
+
+from jsonschema import Draft202012Validator
 
 from nicop.api.upgrade import DONE, STATE_LABEL
 from nicop.operator.upgrade import NodeView
-from nicop.plan import DriverRollout, NodeReload, Plan, batches, diff, text
+from nicop.plan import (
+    DriverRollout,
+    NodeReload,
+    ObjectChange,
+    Plan,
+    VfChange,
+    batches,
+    diff,
+    text,
+)
 
 
 def views(count: int, **spec: Any) -> list[NodeView]:
@@ -70,3 +83,26 @@ def test_the_text_names_batches_blocked_pods_and_the_verdict() -> None:
                                 "reloads on 2 nodes")
     assert text(Plan())[-1] == "Nothing disruptive."
     assert Plan().exit_code() == 0 and Plan(rollouts=[rollout]).exit_code() == 2
+
+
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "plan-schema.json")
+                    .read_text())
+
+
+def test_every_form_of_the_plan_validates_against_its_documented_schema() -> None:
+    Draft202012Validator.check_schema(SCHEMA)
+    rollout = DriverRollout("NicClusterPolicy nic-cluster-policy", "ns/mofed", True, 2, "50%",
+                            True, batches=[["a"]], nodes=[NodeReload("a", 1, evicts=["w/x"])],
+                            new_nodes=["b"])
+    full = Plan(objects=[ObjectChange("change", "NicClusterPolicy", "nic-cluster-policy",
+                                      diff=["-a", "+b"]),
+                         ObjectChange("refused", "SriovNetwork", "n", "ns", note="why")],
+                operator=[ObjectChange("delete", "DaemonSet", "ds", "ns")],
+                restarts=["DaemonSet ns/ds: its pod template changes"], rollouts=[rollout],
+                vf_changes=[VfChange("a", ["PF x (0000:01:00.0): numVfs 8 -> 4"], True, False,
+                                     evicts=["w/y"])],
+                requests={"reads": 4, "dryRuns": 1, "writes": 0})
+    for plan in (Plan(requests={"reads": 0, "dryRuns": 0, "writes": 0}), full):
+        errors = list(Draft202012Validator(SCHEMA).iter_errors(plan.to_json()))
+        assert not errors, errors
+    assert full.exit_code() == 1  # a refused object: nothing would be applied as written
