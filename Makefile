@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test lint controlplane helm promtool runtime image venv clean-cluster proto crds
+.PHONY: demo test lint controlplane helm promtool runtime image browser venv clean-cluster proto crds
 
 # nicop (what a user installs) and nicop-sim (the simulation, the local cluster and the demo).
 $(INSTALLED): pyproject.toml sim/pyproject.toml
@@ -31,6 +31,10 @@ promtool:
 runtime:
 	@hack/build-runtime.sh >/dev/null
 
+# Installs Debian's Chromium once per machine: the bundle report's test renders the page in it.
+browser:
+	@hack/install-browser.sh >/dev/null
+
 # Builds nicop's OCI image (Debian bookworm + nicop in a virtualenv; root, no registry), cached
 # by the sources that make it; prints the archive's path.
 image: $(INSTALLED)
@@ -43,8 +47,9 @@ demo: $(INSTALLED) controlplane
 		PYTHON=$(PY) hack/build-image.sh >/dev/null || echo "no real node: see above"; fi
 	$(VENV)/bin/nicop demo
 
-# The real node's tests need the runtime and nicop's image (as root; built once, cached).
-test: $(INSTALLED) controlplane runtime image helm promtool lint
+# The real node's tests need the runtime and nicop's image (as root; built once, cached); the
+# bundle report's test needs a browser.
+test: $(INSTALLED) controlplane runtime image helm promtool browser lint
 	$(PY) -m pytest
 
 lint: $(INSTALLED)

@@ -32,6 +32,7 @@ from rich.console import Console
 
 import nicop
 from nicop import diagnose as dg
+from nicop import report
 from nicop import status as st
 from nicop.api import nodes as node_rules
 from nicop.api.kinds import KINDS
@@ -54,6 +55,7 @@ from nicop.kube.resources import (
 DEFAULT_LOG_LINES = 5000  # upstream's sosreport default (--log-lines)
 LOG_TIMEOUT = 15.0  # seconds for one log; a kubelet that does not answer is not waited on long
 REDACTED = "<redacted>"
+REPORT = "report.html"
 VERSION = Resource("", "v1", "Version", "version", namespaced=False)
 # Keys whose string values are secrets wherever they appear (env names, config fields).
 SECRET_KEY = re.compile(r"token|passw|secret|credential|api[-_]?key|private[-_]?key|auth",
@@ -367,7 +369,8 @@ async def _logs(client: ApiClient, bundle: Bundle, namespace: str, pods: list[Ob
 # ------------------------------------------------------------------ the archive
 
 def write(bundle: Bundle, path: str, *, namespace: str, log_lines: int) -> Obj:
-    """Write the archive (every file scrubbed) with its manifest; returns the manifest."""
+    """Write the archive (every file scrubbed) with its manifest, and the same as one HTML page
+    beside it (report_path) and inside it; returns the manifest."""
     created = datetime.datetime.now(datetime.UTC)
     top = "nicop-bundle-" + created.strftime("%Y%m%d-%H%M%S")
     manifest = {
@@ -375,23 +378,36 @@ def write(bundle: Bundle, path: str, *, namespace: str, log_lines: int) -> Obj:
         "nicopVersion": nicop.__version__,
         "namespace": namespace,
         "logLines": log_lines,
-        "files": sorted([*bundle.files, "manifest.json"]),
+        "files": sorted([*bundle.files, "manifest.json", REPORT]),
         "notCollected": bundle.missing,
         "notServed": sorted(set(bundle.absent)),
         "redaction": "Secrets are listed by name, type and keys only; values under "
                      "secret-sounding keys and env names, token-looking strings and the values "
                      f"of namespace {namespace}'s Secrets are replaced by {REDACTED}",
     }
-    files = {**bundle.files, "manifest.json": json.dumps(manifest, indent=2).encode()}
+    files = {name: scrub(data.decode(errors="replace"), bundle.secret_values)
+             for name, data in {**bundle.files,
+                                "manifest.json": json.dumps(manifest, indent=2).encode()}.items()}
+    files[REPORT] = report.render(files, manifest)  # from the scrubbed files only
     with tarfile.open(path, "w:gz") as tar:
-        for name, data in sorted(files.items()):
-            clean = scrub(data.decode(errors="replace"), bundle.secret_values).encode()
+        for name, text in sorted(files.items()):
+            clean = text.encode()
             info = tarfile.TarInfo(f"{top}/{name}")
             info.size = len(clean)
             info.mtime = int(created.timestamp())
             info.mode = 0o644
             tar.addfile(info, io.BytesIO(clean))
+    with open(report_path(path), "w", encoding="utf-8") as page:
+        page.write(files[REPORT])
     return manifest
+
+
+def report_path(path: str) -> str:
+    """Where the HTML page goes: beside the archive, `x.tar.gz` -> `x.html`."""
+    for suffix in (".tar.gz", ".tgz"):
+        if path.endswith(suffix):
+            return path.removesuffix(suffix) + ".html"
+    return path + ".html"
 
 
 def default_name() -> str:

@@ -6,8 +6,10 @@ only part of the cluster."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -19,7 +21,8 @@ from typing import Any
 import pytest
 import yaml
 from lightkube import Client
-from lightkube.models.core_v1 import Container, EnvVar, PodSpec
+from lightkube.generic_resource import create_global_resource
+from lightkube.models.core_v1 import Container, EnvVar, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
 from lightkube.resources.core_v1 import ConfigMap, Pod, Secret, ServiceAccount
@@ -29,6 +32,7 @@ from lightkube.resources.rbac_authorization_v1 import (
     Role,
     RoleBinding,
 )
+from tests import browser
 from tests.integration.operator_process import NAMESPACE, OperatorProcess
 from tests.integration.test_status_live import apply_example_policy, remove_policy
 
@@ -38,6 +42,10 @@ BIN = Path(sys.executable).parent  # where the package installed nicop and kubec
 PLANTED_PASSWORD = "planted-ufm-password-7f3a"
 PLANTED_TOKEN = "planted-token-9c1e.b4d2-e5f6"
 PLANTED_ENV = "planted-env-token-0a8b"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+NicClusterPolicy = create_global_resource("mellanox.com", "v1alpha1", "NicClusterPolicy",
+                                          "nicclusterpolicies")
+IGNORED_POLICY = NicClusterPolicy(metadata=ObjectMeta(name="my-policy"), spec={})
 
 
 @pytest.fixture(scope="module")
@@ -135,9 +143,27 @@ def planted(client: Client) -> Iterator[None]:
     client.delete(Pod, "ufm-client", namespace=NAMESPACE, grace_period=0)
 
 
+@pytest.fixture
+def faults(client: Client) -> Iterator[None]:
+    """Two faults besides node-4's unlabelled NIC: a NicClusterPolicy the operator ignores for
+    its name, and a pod that asks upstream's default RDMA resource, which nothing offers here."""
+    client.apply(IGNORED_POLICY, field_manager="test")
+    client.create(Pod(metadata=ObjectMeta(name="rdma-trainer", namespace="default"),
+                      spec=PodSpec(containers=[Container(
+                          name="c", image="registry.local/train:1",
+                          resources=ResourceRequirements(requests={"rdma/hca": "1"},
+                                                         limits={"rdma/hca": "1"}))])))
+    yield
+    client.delete(Pod, "rdma-trainer", namespace="default", grace_period=0)
+    client.delete(NicClusterPolicy, "my-policy")
+
+
 def test_the_bundle_holds_every_item_and_no_secret(
-    kubeconfig: Path, policy: None, planted: None, tmp_path: Path
+    kubeconfig: Path, policy: None, planted: None, faults: None, tmp_path: Path
 ) -> None:
+    """Also its HTML page, in the archive and beside it: rendered by headless Chromium, it shows
+    each of the three planted faults with its fix, logs nothing to the console, and (like every
+    file) holds no planted secret. Its screenshot is left in test-artifacts/."""
     out = tmp_path / "support.tar.gz"
     proc = bundle(kubeconfig, out)
     assert proc.returncode == 0, proc.stderr
@@ -146,8 +172,9 @@ def test_the_bundle_holds_every_item_and_no_secret(
     manifest = json.loads(files["manifest.json"])
     assert sorted(files) == manifest["files"]
 
-    policies = yaml.safe_load(files["resources/nicclusterpolicies.mellanox.com.yaml"])
-    assert policies[0]["status"]["state"] == "ready"
+    policies = {p["metadata"]["name"]: p for p in yaml.safe_load(
+        files["resources/nicclusterpolicies.mellanox.com.yaml"])}
+    assert policies["nic-cluster-policy"]["status"]["state"] == "ready"
     for kind in ("nicnodepolicies.mellanox.com", "sriovnetworknodestates.sriovnetwork."
                  "openshift.io", "sriovnetworknodepolicies.sriovnetwork.openshift.io",
                  "ippools.nv-ipam.nvidia.com", "cidrpools.nv-ipam.nvidia.com",
@@ -186,9 +213,24 @@ def test_the_bundle_holds_every_item_and_no_secret(
     secrets = yaml.safe_load(files[f"namespaces/{NAMESPACE}/secrets.yaml"])
     assert {"name": "ufm-credentials", "type": "Opaque", "keys": ["password", "username"]} in \
         secrets
+    page = tmp_path / "support.html"
+    assert page.read_text() == files["report.html"]
     for name, text in files.items():
         for value in (PLANTED_PASSWORD, PLANTED_TOKEN, PLANTED_ENV):
             assert value not in text, f"{value} in {name}"
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    shown = browser.render(page, ARTIFACTS / "bundle-report.png")
+    assert shown.console == [], shown.console
+    text = html.unescape(re.sub(r"<[^>]+>", " ", shown.dom))
+    for fault, fix in (
+        ("node node-4 has a Mellanox NIC",
+         "kubectl label node node-4 feature.node.kubernetes.io/pci-15b3.present=true"),
+        ("NicClusterPolicy my-policy is ignored", "set metadata.name to nic-cluster-policy"),
+        ("pod default/rdma-trainer is Pending", "nicop diagnose pod default/rdma-trainer"),
+    ):
+        assert fault in text and fix in text, (fault, fix)
+    assert "node-3" in text and "state-OFED" in text  # the nodes and components
 
 
 @pytest.fixture
@@ -249,8 +291,9 @@ def test_a_user_who_may_read_only_part_still_gets_a_bundle(
                for item, reason in missing.items())
     assert "not collected: list secrets" in proc.stderr  # said at the end, too
     # What it may read is there.
-    policies = yaml.safe_load(files["resources/nicclusterpolicies.mellanox.com.yaml"])
-    assert policies[0]["status"]["state"] == "ready"
+    policies = {p["metadata"]["name"]: p for p in yaml.safe_load(
+        files["resources/nicclusterpolicies.mellanox.com.yaml"])}
+    assert policies["nic-cluster-policy"]["status"]["state"] == "ready"
     assert {n["name"] for n in yaml.safe_load(files["nodes/summary.yaml"])} == {
         "node-1", "node-2", "node-3", "node-4"}
     assert f"namespaces/{NAMESPACE}/daemonsets.yaml" in files

@@ -27,8 +27,9 @@ def bundle(
 ) -> None:
     """Collect what support asks for first into one archive: CRs with status, the operator's
     workloads, pods, events and logs, nodes, `status -o json`, `diagnose` and every component's
-    version. Secret values never enter it; what cannot be read is listed in its manifest.json
-    with the reason, and the rest is still collected (exit 0). Progress goes to stderr."""
+    version; and the same as one self-contained HTML page beside it (FILE with .html). Secret
+    values never enter either; what cannot be read is listed in the manifest.json with the
+    reason, and the rest is still collected (exit 0). Progress goes to stderr."""
     import asyncio
 
     from nicop import bundle as bundle_module
@@ -55,5 +56,6 @@ def bundle(
         err.print(f"not collected: {item['item']}: {item['reason']}", markup=False,
                   highlight=False)
     console.print(f"wrote {path} ({len(manifest['files'])} files, "
-                  f"{len(manifest['notCollected'])} items not collected: see manifest.json)",
-                  markup=False, highlight=False)
+                  f"{len(manifest['notCollected'])} items not collected: see manifest.json) "
+                  f"and {bundle_module.report_path(str(path))} (the same as a page to open in "
+                  "a browser; it fetches nothing)", markup=False, highlight=False)
