@@ -641,6 +641,21 @@ async def _sriov_effects(client: ApiClient, result: Plan, cluster: Cluster, stor
         result.vf_changes.append(vf)
 
 
+async def apply(client: ApiClient, objects: list[Obj]) -> None:
+    """Write the objects as the plan's dry runs did: created, or replaced whole."""
+    for obj in objects:
+        res = resource_for(obj)
+        meta = obj["metadata"]
+        live = await client.get_or_none(res, meta["name"],
+                                        meta.get("namespace") if res.namespaced else None)
+        if live is None:
+            await client.create(obj, res=res)
+        else:
+            await client.update({**obj, "metadata": {**meta, "resourceVersion":
+                                                     live["metadata"]["resourceVersion"]}},
+                                res=res)
+
+
 # ------------------------------------------------------------------ text
 
 

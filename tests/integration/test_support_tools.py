@@ -298,3 +298,60 @@ def test_a_user_who_may_read_only_part_still_gets_a_bundle(
         "node-1", "node-2", "node-3", "node-4"}
     assert f"namespaces/{NAMESPACE}/daemonsets.yaml" in files
     assert json.loads(files["status.json"])["errors"]
+
+
+# ------------------------------------------------------------------ nicop discover
+
+
+def discover(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "nicop"), "discover", "--kubeconfig", str(kubeconfig), "-n", NAMESPACE,
+         *args], capture_output=True, text=True, timeout=300)
+
+
+def rdma_selectors(suggestion: str) -> dict[str, dict[str, Any]]:
+    policy = next(d for d in yaml.safe_load_all(suggestion) if d["kind"] == "NicClusterPolicy")
+    config = json.loads(policy["spec"]["rdmaSharedDevicePlugin"]["config"])
+    return {r["resourceName"]: r["selectors"] for r in config["configList"]}
+
+
+def test_discover_selects_a_nic_model_the_policy_misses_and_then_matches_what_runs(
+    kubeconfig: Path, policy: None, client: Client, tmp_path: Path
+) -> None:
+    """The cluster's nodes: a DGX with ConnectX-7 InfiniBand ports (1021), two ConnectX-6 Dx
+    Ethernet nodes (101d) and one more without NFD's label. No agent reports their NICs here
+    (no SR-IOV daemon, no DRA plugin), so discovery pods of nicop's image ask each node. The
+    InfiniBand example policy selects only 1021: the suggestion keeps that resource and adds
+    101d as a RoCE resource, saying why; applied with --apply (its plan only restarts the
+    plugin's pods), a second discover suggests the policy that runs, and its plan is empty."""
+    first = discover(kubeconfig, "-o", str(tmp_path / "first.yaml"))
+    assert first.returncode == 0, first.stderr
+    assert "asking 4 nodes with a discovery pod" in first.stderr
+    suggestion = (tmp_path / "first.yaml").read_text()
+    assert "# NIC model 15b3:1021 (infiniband): on 1 node (node-1)" in suggestion
+    assert "# NIC model 15b3:101d (ethernet): on 3 nodes (node-2, node-3, node-4)" in suggestion
+    assert "# 15b3:1021 (infiniband): already selected by RDMA resource rdma" in suggestion
+    selectors = rdma_selectors(suggestion)
+    assert selectors["rdma"]["deviceIDs"] == ["1021"]
+    assert selectors["rdma_roce"] == {"vendors": ["15b3"], "deviceIDs": ["101d"],
+                                      "linkTypes": ["ethernet"]}
+    assert not list(client.list(Pod, namespace=NAMESPACE,
+                                labels={"app.kubernetes.io/name": "nicop-discover"}))
+
+    applied = discover(kubeconfig, "--apply")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert "Nothing disruptive." in applied.stdout and "applied" in applied.stdout
+    assert "restart pods: DaemonSet nvidia-network-operator/rdma-shared-dp-ds" in applied.stdout
+
+    again = discover(kubeconfig, "-o", str(tmp_path / "again.yaml"))
+    assert again.returncode == 0, again.stderr
+    assert rdma_selectors((tmp_path / "again.yaml").read_text()) == selectors
+    plan = subprocess.run(
+        [str(BIN / "nicop"), "plan", "-f", str(tmp_path / "again.yaml"), "-o", "json",
+         "--kubeconfig", str(kubeconfig), "-n", NAMESPACE],
+        capture_output=True, text=True, timeout=120)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    planned = json.loads(plan.stdout)
+    assert [o["action"] for o in planned["objects"]] == ["unchanged"], planned["objects"]
+    assert planned["operatorObjects"] == [] and planned["podRestarts"] == []
+    assert planned["disruptive"] == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nicop.node.discovery import scan
+from nicop.node.discovery import nic_report, scan
 from nicop.node.host import Host
 from nicop_sim.hardware import SimulatedHost
 
@@ -81,3 +81,17 @@ def test_scalable_functions_and_other_devices(tmp_path: Path) -> None:
     assert (accel.base_class, accel.driver, accel.numa_node) == (0x12, "vfio-pci", 1)
     assert accel not in list(inv.network_functions())
     assert {f.device for f in inv.network_functions()} == {"a2dc"}
+
+
+def test_the_nic_report_lists_each_mellanox_port_once_with_what_policies_select_by(
+    tmp_path: Path,
+) -> None:
+    """What `nicop discover-node` answers: PFs only (the VFs made here are left out)."""
+    host = SimulatedHost.build(tmp_path, "cx6dx")
+    host.set_numvfs("enp59s0f1np1", 3)
+    report = nic_report(scan(host))
+    assert [(p["pciAddress"], p["deviceID"], p["linkType"], p["netdev"], p["totalVfs"],
+             p["numVfs"]) for p in report] == [
+        ("0000:3b:00.0", "101d", "ethernet", "enp59s0f0np0", 8, 0),
+        ("0000:3b:00.1", "101d", "ethernet", "enp59s0f1np1", 8, 3)]
+    assert all(p["vendor"] == "15b3" and p["rdma"] for p in report)

@@ -10,7 +10,16 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 
-from nicop.cli import agents, bundle, driver, inspect, operator, plan, upgrade  # noqa: F401
+from nicop.cli import (  # noqa: F401
+    agents,
+    bundle,
+    discover,
+    driver,
+    inspect,
+    operator,
+    plan,
+    upgrade,
+)
 from nicop.cli.common import app
 
 for _extension in entry_points(group="nicop.cli"):

@@ -512,6 +512,25 @@ def multus_install(
         console.print(f"  wrote {path}")
 
 
+@app.command("discover-node")
+def discover_node(host_root: HostRoot = Path("/")) -> None:
+    """Print this node's Mellanox NIC ports as JSON, and leave them as the container's
+    termination message: what `nicop discover` runs on a node no agent reports yet."""
+    import contextlib
+    import json
+
+    from nicop.node import discovery
+    from nicop.node.host import Host
+
+    report = json.dumps(discovery.nic_report(discovery.scan(Host.in_container(host_root))),
+                        separators=(",", ":"))
+    print(report)
+    termination = in_container(Path("/dev/termination-log"))
+    if termination.parent.is_dir():
+        with contextlib.suppress(OSError):  # outside a container: printed is enough
+            termination.write_text(report)
+
+
 @app.command("probe-ready")
 def probe_ready() -> None:
     """Exit 0 while this container's agent is ready, else 1 with the reason (the readiness

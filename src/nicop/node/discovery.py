@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from nicop.node.host import Host
 
@@ -222,3 +223,18 @@ def _hex4(value: str | None) -> str:
 def _kind(char_device: str) -> str:
     """`/dev/infiniband/uverbs3` -> `uverbs`."""
     return char_device.rsplit("/", 1)[-1].rstrip("0123456789")
+
+
+def nic_report(inventory: Inventory) -> list[dict[str, Any]]:
+    """The host's Mellanox NIC ports (PFs), as `nicop discover-node` reports them: what a policy
+    selects NICs by (vendor, device ID, link type, interface name) and what SR-IOV needs."""
+    ports = []
+    for fn in sorted(inventory.network_functions(), key=lambda f: f.address):
+        if fn.pf is not None or fn.vendor != "15b3":
+            continue
+        ports.append({
+            "pciAddress": fn.address, "vendor": fn.vendor, "deviceID": fn.device,
+            "linkType": "infiniband" if (fn.class_code >> 8) == 0x0207 else "ethernet",
+            "netdev": fn.netdev.name if fn.netdev else None, "numaNode": fn.numa_node,
+            "totalVfs": fn.total_vfs or 0, "numVfs": fn.num_vfs, "rdma": bool(fn.rdma)})
+    return ports
