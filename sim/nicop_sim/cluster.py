@@ -617,28 +617,36 @@ class LocalCluster:
         return Client(config=KubeConfig.from_file(self.kubeconfig), field_manager="nicop")
 
     def _create_nodes(self, profiles: list[hardware.Profile], progress: Progress) -> list[str]:
+        nodes = []
+        for i, profile in enumerate(profiles, start=1):
+            name = f"node-{i}"
+            nodes.append({"metadata": {
+                "name": name,
+                "labels": {"kubernetes.io/hostname": name, "type": "kwok",
+                           "node-role.kubernetes.io/worker": "", **profile.node_labels()},
+                "annotations": {hardware.PROFILE_ANNOTATION: profile.name}}})
+        names = self.add_nodes(nodes, progress)
+        if any(p.gpus for p in profiles):
+            self._install_gpu_device_class(self.client())
+        return names
+
+    def add_nodes(self, nodes: list[dict[str, Any]], progress: Progress) -> list[str]:
+        """Create these Nodes (metadata and spec; kwok keeps them Ready) and wait until they
+        are Ready. A node stand-in builds each one's hardware from its profile annotation."""
         from lightkube.core.exceptions import ApiError
-        from lightkube.models.meta_v1 import ObjectMeta
         from lightkube.resources.core_v1 import Node
 
         t = time.monotonic()
         client = self.client()
         names = []
-        for i, profile in enumerate(profiles, start=1):
-            name = f"node-{i}"
-            names.append(name)
-            labels = {"kubernetes.io/hostname": name, "type": "kwok",
-                      "node-role.kubernetes.io/worker": "", **profile.node_labels()}
-            node = Node(
-                metadata=ObjectMeta(
-                    name=name,
-                    labels=labels,
-                    annotations={KWOK_ANNOTATION: "fake",
-                                 hardware.PROFILE_ANNOTATION: profile.name},
-                )
-            )
+        for node in nodes:
+            meta = node["metadata"]
+            names.append(meta["name"])
+            body = {"metadata": {**meta, "annotations": {**(meta.get("annotations") or {}),
+                                                          KWOK_ANNOTATION: "fake"}},
+                    "spec": node.get("spec") or {}}
             try:
-                client.create(node)
+                client.create(Node.from_dict(body))
             except ApiError as e:
                 if e.status.code != 409:
                     raise
@@ -654,8 +662,6 @@ class LocalCluster:
                 )
             time.sleep(0.2)
         progress(f"{len(names)} nodes Ready ({time.monotonic() - t:.1f}s)")
-        if any(p.gpus for p in profiles):
-            self._install_gpu_device_class(client)
         return names
 
     def _install_gpu_device_class(self, client: Any) -> None:

@@ -1,4 +1,5 @@
-"""`nicop cluster` and `nicop demo`: the local control plane with simulated GPU nodes."""
+"""`nicop cluster`, `nicop demo` and `nicop bundle replay`: the local control plane with
+simulated GPU nodes."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from nicop.cli.bundle import bundle_app
 from nicop.cli.common import StateDir, app, console, fail
 
 cluster_app = typer.Typer(
@@ -151,3 +153,70 @@ def demo(
         demo_module.run(console, nodes, profile, state_dir, bin_dir, real_node)
     except (ClusterError, ValueError) as e:
         raise fail(str(e)) from None
+
+
+@bundle_app.command("replay")
+def bundle_replay(
+    bundle: Annotated[Path, typer.Argument(metavar="BUNDLE.tar.gz",
+                                           help="An archive `nicop bundle` wrote.")],
+    timeout: Annotated[float, typer.Option(min=10, help="Seconds to wait for the policy to "
+                                           "reach the bundle's state.")] = 300.0,
+    state_dir: StateDir = None,
+    bin_dir: BinDir = None,
+) -> None:
+    """A local cluster shaped like the bundle's (its nodes with labels, taints and NIC hardware,
+    its policies, networks and pools) with the operator running, to see the customer's
+    `nicop status` and `nicop diagnose` and to try a fix with `nicop plan`. Waits until the
+    policy reaches the bundle's state, then says where the status still differs. The cluster
+    keeps running: `nicop cluster down` stops it."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from nicop_sim.cluster import ClusterError, LocalCluster
+    from nicop_sim.replay import NOT_REPLAYED, STATUS_DIFFERS, Bundle, ReplayError, replay
+    from nicop_sim.replay import differences as status_differences
+
+    try:
+        archive = Bundle.read(bundle)
+    except ReplayError as e:
+        raise fail(str(e)) from None
+    console.print("Not in a bundle, so not replayed:", markup=False)
+    for item in NOT_REPLAYED:
+        console.print(f"  - {item}", markup=False)
+    cluster = LocalCluster(state_dir, bin_dir)
+    if any(cluster.running().values()):
+        raise fail(f"a cluster already runs in {cluster.state_dir}: `nicop cluster down` it "
+                   "or give another --state-dir")
+    try:
+        kubeconfig = replay(archive, cluster, lambda line: console.print(f"  {line}",
+                                                                        markup=False))
+    except (ClusterError, ValueError) as e:
+        raise fail(str(e)) from None
+    wanted = archive.status
+    namespace = str(archive.manifest.get("namespace"))
+    differs: list[str] = []
+    if wanted is not None:
+        deadline = time.monotonic() + timeout
+        while True:
+            done = subprocess.run([sys.executable, "-m", "nicop", "status", "-o", "json",
+                                   "--kubeconfig", str(kubeconfig), "-n", namespace],
+                                  capture_output=True, text=True)
+            if done.returncode == 0:
+                differs = status_differences(wanted, json.loads(done.stdout))
+                if not differs or time.monotonic() > deadline:
+                    break
+            elif time.monotonic() > deadline:
+                differs = ["status could not be read: " + done.stderr.strip()]
+                break
+            time.sleep(2.0)
+        if differs:
+            console.print(f"The replay's status differs from the bundle's in: "
+                          f"{', '.join(differs)}", markup=False)
+        else:
+            console.print("The replay's status matches the bundle's (apart from "
+                          f"{', '.join(STATUS_DIFFERS)}).", markup=False)
+    console.print(f"  export KUBECONFIG={kubeconfig}", markup=False)
+    console.print(f"  nicop cluster down --state-dir {cluster.state_dir}   # when done",
+                  markup=False)

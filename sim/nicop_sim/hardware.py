@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import ipaddress
+import json
 import os
 import shutil
 import signal
@@ -210,6 +211,19 @@ PROFILES: dict[str, Profile] = {
 
 # With --nodes N the local cluster cycles through this layout.
 DEFAULT_LAYOUT = ("dgx", "cx6dx", "cx6dx", "cx6dx-unlabelled")
+
+
+def profile_named(value: str) -> Profile | None:
+    """A profile by its name, or the one a replayed node carries as JSON (nicop_sim.replay:
+    `{"nics": [{"model", "deviceID", "ports", "linkType", "bus", "totalVfs"}]}`)."""
+    if value in PROFILES or not value.startswith("{"):
+        return PROFILES.get(value)
+    data = json.loads(value)
+    nics = tuple(Nic(model=n["model"], device_id=n["deviceID"], ports=int(n["ports"]),
+                     link_type=n["linkType"], bus=n.get("bus"),
+                     total_vfs=int(n.get("totalVfs", 8))) for n in data.get("nics") or [])
+    return Profile("replayed", "a node of a support bundle, its NICs as its agents reported them",
+                   nics)
 
 
 def layout(nodes: int, profiles: list[str] | None = None) -> list[Profile]:

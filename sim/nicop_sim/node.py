@@ -111,7 +111,7 @@ async def run(options: NodeOptions, stop: asyncio.Event) -> None:
         if node is None:
             return
         name = (node["metadata"].get("annotations") or {}).get(hardware.PROFILE_ANNOTATION, "cpu")
-        profile = hardware.PROFILES.get(name)
+        profile = hardware.profile_named(name)
         if profile is None:
             raise ValueError(f"node {options.node_name} has unknown hardware profile {name!r} "
                              f"(annotation {hardware.PROFILE_ANNOTATION}); known: "

@@ -66,8 +66,9 @@ SECRET_REFERENCE = re.compile(r"(?:[a-z]Secret|[sS]ecretName|[sS]ecretRef|KeyRef
 SECRET_TEXT = (
     re.compile(r"eyJ[\w-]{8,}\.[\w-]{8,}\.[\w-]{8,}"),  # JWTs (ServiceAccount tokens)
     re.compile(r"(?i)(bearer\s+)[^\s\"']+"),
-    re.compile(r"(?i)((?:token|password|passwd|secret|api[-_]?key)\"?[ \t]*[:=][ \t]*\"?)"
-               r"[^\s\"',}]+"),  # on the key's own line
+    # On the key's own line; `xSecret:` names a Secret (ufmSecret), as SECRET_REFERENCE says.
+    re.compile(r"(?i)((?:token|password|passwd|(?<![a-z])secret|api[-_]?key)\"?[ \t]*[:=]"
+               r"[ \t]*\"?)[^\s\"',}]+"),
     re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----",
                re.DOTALL),
 )

@@ -37,6 +37,7 @@ from tests.integration.operator_process import NAMESPACE, OperatorProcess
 from tests.integration.test_status_live import apply_example_policy, remove_policy
 
 import nicop
+from nicop_sim.replay import differences
 
 BIN = Path(sys.executable).parent  # where the package installed nicop and kubectl-nicop
 PLANTED_PASSWORD = "planted-ufm-password-7f3a"
@@ -355,3 +356,41 @@ def test_discover_selects_a_nic_model_the_policy_misses_and_then_matches_what_ru
     assert [o["action"] for o in planned["objects"]] == ["unchanged"], planned["objects"]
     assert planned["operatorObjects"] == [] and planned["podRestarts"] == []
     assert planned["disruptive"] == []
+
+
+# ------------------------------------------------------------------ nicop bundle replay
+
+
+def test_bundle_replay_gives_a_cluster_whose_status_is_the_bundles(
+    kubeconfig: Path, policy: None, tmp_path: Path
+) -> None:
+    """A bundle of this cluster (the InfiniBand example policy on a DGX, two ConnectX-6 Dx nodes
+    and one whose NIC NFD has not labelled), replayed: a second local cluster with those nodes,
+    their labels and simulated hardware, the policy, and the operator. Its `nicop status -o
+    json` equals the bundle's apart from the fields the replay names (when it was read, the
+    operator process, generated pod names, the policy's generation); what the bundle does not
+    hold is said first."""
+    out = tmp_path / "support.tar.gz"
+    assert bundle(kubeconfig, out).returncode == 0
+    state = tmp_path / "replay"
+    try:
+        replayed = subprocess.run(
+            [str(BIN / "nicop"), "bundle", "replay", str(out), "--state-dir", str(state),
+             "--timeout", "150"], capture_output=True, text=True, timeout=400)
+        assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+        assert replayed.stdout.startswith("Not in a bundle, so not replayed:\n  - workload pods")
+        assert "The replay's status matches the bundle's (apart from collectedAt, operator, " \
+               "policy.generation, policy.observedGeneration, nodes[].driver.pod)" in \
+            replayed.stdout, replayed.stdout
+        status = subprocess.run(
+            [str(BIN / "nicop"), "status", "-o", "json", "--kubeconfig",
+             str(state / "kubeconfig"), "-n", NAMESPACE], capture_output=True, text=True,
+            timeout=60)
+        assert status.returncode == 0, status.stderr
+        original = json.loads(unpack(out)["status.json"])
+        assert differences(original, json.loads(status.stdout)) == []
+        assert {n["name"] for n in json.loads(status.stdout)["nodes"]} == {
+            "node-1", "node-2", "node-3", "node-4"}
+    finally:
+        subprocess.run([str(BIN / "nicop"), "cluster", "down", "--state-dir", str(state)],
+                       capture_output=True, text=True, timeout=120)

@@ -84,3 +84,13 @@ def test_scrubbing_keeps_yaml_readable() -> None:
             "        expirationSeconds: 3607\n        path: token\n")
     assert bundle.scrub(text, set()) == text
     assert yaml.safe_load(bundle.scrub(text, set()))
+
+
+def test_a_field_that_names_a_secret_keeps_its_value_in_text_too() -> None:
+    """`ufmSecret: ufm-secret` names the Secret (upstream's ibKubernetes field), as redact()
+    keeps it in objects: a replay of the bundle needs it. A bare `secret:` or `UFM_SECRET=` is
+    a value and goes."""
+    text = bundle.scrub("ibKubernetes:\n  ufmSecret: ufm-secret\nsecret: s3cr3t-v4lue\n"
+                        "UFM_SECRET=an0ther-v4lue\n", set())
+    assert "ufmSecret: ufm-secret" in text
+    assert "s3cr3t-v4lue" not in text and "an0ther-v4lue" not in text

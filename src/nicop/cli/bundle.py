@@ -1,4 +1,5 @@
-"""`nicop bundle`: the support archive (nicop.bundle says what goes in, and what never does)."""
+"""`nicop bundle`: the support archive (nicop.bundle says what goes in, and what never does).
+nicop-sim adds `nicop bundle replay`, a local cluster shaped like a bundle's."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ import typer
 from nicop.cli.common import Kubeconfig, KubeContext, app, console, err, fail_plain
 from nicop.cli.inspect import OperatorNamespace
 
+bundle_app = typer.Typer(invoke_without_command=True)
+app.add_typer(bundle_app, name="bundle")
 
-@app.command("bundle")
+
+@bundle_app.callback()
 def bundle(
+    ctx: typer.Context,
     output: Annotated[
         Path | None,
         typer.Option("--output", "-o", metavar="FILE.tar.gz",
@@ -30,6 +35,8 @@ def bundle(
     version; and the same as one self-contained HTML page beside it (FILE with .html). Secret
     values never enter either; what cannot be read is listed in the manifest.json with the
     reason, and the rest is still collected (exit 0). Progress goes to stderr."""
+    if ctx.invoked_subcommand is not None:
+        return
     import asyncio
 
     from nicop import bundle as bundle_module
