@@ -128,12 +128,12 @@ def test_a_failed_node_keeps_its_slot_so_at_most_3_nodes_are_ever_cordoned(
     upgrade-failed with the reason, until its driver is Ready). At every change of a node through
     the whole rollout, never more than 3 nodes are cordoned; the 9 others finish.
 
-    Before it, `nicop plan` of a label change says nothing is disruptive (exit 0), and of the
-    new version lists the batches (3, then 2 at a time: BLOCKED keeps its slot), names BLOCKED's
-    pod and its PodDisruptionBudget, exits 2, and writes nothing: its client sent only reads
-    and dry runs, and the policy's spec, generation and labels are unchanged (the operator
-    writes its status meanwhile). The rollout then starts the
-    nodes in exactly the planned order."""
+    Before it, `nicop plan` of a label change says nothing is disruptive (exit 0), of a value
+    the CRD's validation refuses says so (exit 1), and of the new version lists the batches
+    (3, then 2 at a time: BLOCKED keeps its slot), names BLOCKED's pod and its
+    PodDisruptionBudget, exits 2, and writes nothing: its client sent only reads and dry runs,
+    and the policy's spec, generation and labels are unchanged (the operator writes its status
+    meanwhile). The rollout then starts the nodes in exactly the planned order."""
     workloads(client)
     client.apply(NicClusterPolicy(**policy(OLD)), field_manager="test", force=True)
     eventually(lambda: set(states(client).values()) == {"upgrade-done"}
@@ -147,6 +147,13 @@ def test_a_failed_node_keeps_its_slot_so_at_most_3_nodes_are_ever_cordoned(
     assert "NicClusterPolicy nic-cluster-policy: changed" in quiet.stdout
     assert "+    team: training" in quiet.stdout
     assert quiet.stdout.rstrip().endswith("Nothing disruptive."), quiet.stdout
+    wrong = policy(NEW)
+    wrong["spec"]["ofedDriver"]["upgradePolicy"]["maxParallelUpgrades"] = -1
+    refused = nicop_plan(kubeconfig, written(tmp_path / "wrong.yaml", wrong), NAMESPACE)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "NicClusterPolicy nic-cluster-policy: refused by the API server" in refused.stdout
+    assert "maxParallelUpgrades" in refused.stdout and "Refused by the API server" in \
+        refused.stdout
     planned = nicop_plan(kubeconfig, written(tmp_path / "new.yaml", policy(NEW)), NAMESPACE,
                          "-o", "json")
     assert planned.returncode == 2, planned.stdout + planned.stderr
