@@ -1,7 +1,8 @@
 """`nicop bundle replay`: a local cluster shaped like a support bundle's, with the operator running.
 
-From the bundle: every node with its labels, annotations and taints; each node's NIC hardware
-(the simulated profile it names, else the ports its SR-IOV config daemon reported, else none);
+From the bundle: every node with its labels, annotations, taints and device resources; each
+node's NIC hardware (the simulated profile it names, else the ports its SR-IOV config daemon
+reported, else none);
 the operator namespace; and every custom resource a user makes (policies, networks, IP pools,
 SR-IOV policies and configs), without status. The operator then renders and runs what it
 would, so a support engineer sees the customer's `nicop status` and `nicop diagnose` and can try
@@ -23,7 +24,7 @@ import yaml
 
 from nicop.api.kinds import KINDS
 from nicop.kube.client import ApiClient, ApiError
-from nicop.kube.resources import NAMESPACE
+from nicop.kube.resources import NAMESPACE, NODE
 from nicop.plan import resource_for
 from nicop_sim import hardware
 from nicop_sim.cluster import LocalCluster, Progress, free_port
@@ -149,10 +150,10 @@ def replay(bundle: Bundle, cluster: LocalCluster, progress: Progress) -> Path:
     namespace = str(bundle.manifest.get("namespace") or "nvidia-network-operator")
     cluster.up(nodes=0, node_agents=False, progress=progress)
     names = cluster.add_nodes(nodes(bundle), progress)
-    cluster.start_node_agents(names, progress=progress)
     install_crds(cluster.kubeconfig)
     resources = custom_resources(bundle)
-    asyncio.run(_create(cluster.kubeconfig, namespace, resources))
+    asyncio.run(_create(cluster.kubeconfig, namespace, resources, bundle))
+    cluster.start_node_agents(names, progress=progress)
     progress(f"{len(resources)} custom resources applied")
     cluster.start_process("operator", [
         sys.executable, "-m", "nicop", "operator", "--kubeconfig", str(cluster.kubeconfig),
@@ -161,10 +162,24 @@ def replay(bundle: Bundle, cluster: LocalCluster, progress: Progress) -> Path:
     return cluster.kubeconfig
 
 
-async def _create(kubeconfig: Path, namespace: str, objects: list[dict[str, Any]]) -> None:
-    """The namespaces, then every object (applied, as its owner would)."""
+def extended_resources(node: dict[str, Any]) -> dict[str, Any]:
+    """The node's device resources as its kubelet last reported them (`vendor/name` keys): a
+    plugin that ran once leaves its resource in capacity, and `nicop status` shows it."""
+    status = node.get("status") or {}
+    return {section: {k: v for k, v in (status.get(section) or {}).items() if "/" in k}
+            for section in ("capacity", "allocatable")}
+
+
+async def _create(kubeconfig: Path, namespace: str, objects: list[dict[str, Any]],
+                  bundle: Bundle) -> None:
+    """The nodes' device resources, the namespaces, then every object (applied, as its owner
+    would)."""
     client = ApiClient(kubeconfig)
     try:
+        for node in bundle.objects("nodes/nodes.yaml"):
+            if any((found := extended_resources(node)).values()):
+                await client.patch(NODE, node["metadata"]["name"], {"status": found},
+                                   subresource="status")
         for name in sorted({namespace, *(str(o["metadata"]["namespace"]) for o in objects
                                          if o["metadata"].get("namespace"))}):
             try:
@@ -200,8 +215,13 @@ def differences(bundle_status: dict[str, Any], replayed: dict[str, Any]) -> list
         if key == "nodes":
             left = {n["name"]: n for n in a.get("nodes") or []}
             right = {n["name"]: n for n in b.get("nodes") or []}
-            found += [f"nodes[{name}]" for name in sorted(left.keys() | right.keys())
-                      if left.get(name) != right.get(name)]
+            for name in sorted(left.keys() | right.keys()):
+                one, other = left.get(name), right.get(name)
+                if one is None or other is None:
+                    found.append(f"nodes[{name}]")
+                    continue
+                found += [f"nodes[{name}].{k}" for k in sorted(one.keys() | other.keys())
+                          if one.get(k) != other.get(k)]
         elif isinstance(a.get(key), dict) and isinstance(b.get(key), dict):
             found += [f"{key}.{k}" for k in sorted(a[key].keys() | b[key].keys())
                       if a[key].get(k) != b[key].get(k)]

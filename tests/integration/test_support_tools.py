@@ -25,16 +25,19 @@ from lightkube.generic_resource import create_global_resource
 from lightkube.models.core_v1 import Container, EnvVar, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
-from lightkube.resources.core_v1 import ConfigMap, Pod, Secret, ServiceAccount
+from lightkube.resources.core_v1 import ConfigMap, Node, Pod, Secret, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import (
     ClusterRole,
     ClusterRoleBinding,
     Role,
     RoleBinding,
 )
+from lightkube.types import PatchType
 from tests import browser
+from tests.eventually import eventually
 from tests.integration.operator_process import NAMESPACE, OperatorProcess
 from tests.integration.test_status_live import apply_example_policy, remove_policy
+from tests.integration.test_status_live import state as policy_state
 
 import nicop
 from nicop_sim.replay import differences
@@ -47,6 +50,7 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 NicClusterPolicy = create_global_resource("mellanox.com", "v1alpha1", "NicClusterPolicy",
                                           "nicclusterpolicies")
 IGNORED_POLICY = NicClusterPolicy(metadata=ObjectMeta(name="my-policy"), spec={})
+LEFTOVER = "nvidia.com/rdma_leftover"
 
 
 @pytest.fixture(scope="module")
@@ -361,15 +365,28 @@ def test_discover_selects_a_nic_model_the_policy_misses_and_then_matches_what_ru
 # ------------------------------------------------------------------ nicop bundle replay
 
 
+@pytest.fixture
+def leftover(client: Client) -> Iterator[None]:
+    """What an RDMA plugin that ran once on node-2 leaves: its resource in the node's capacity
+    (a kubelet keeps a resource it served), which `nicop status` shows."""
+    def resources(value: str | None) -> dict[str, Any]:
+        return {"status": {"capacity": {LEFTOVER: value}, "allocatable": {LEFTOVER: value}}}
+
+    client.patch(Node.Status, "node-2", resources("4"), patch_type=PatchType.MERGE)
+    yield
+    client.patch(Node.Status, "node-2", resources(None), patch_type=PatchType.MERGE)
+
+
 def test_bundle_replay_gives_a_cluster_whose_status_is_the_bundles(
-    kubeconfig: Path, policy: None, tmp_path: Path
+    kubeconfig: Path, policy: None, leftover: None, client: Client, tmp_path: Path
 ) -> None:
     """A bundle of this cluster (the InfiniBand example policy on a DGX, two ConnectX-6 Dx nodes
     and one whose NIC NFD has not labelled), replayed: a second local cluster with those nodes,
     their labels and simulated hardware, the policy, and the operator. Its `nicop status -o
     json` equals the bundle's apart from the fields the replay names (when it was read, the
-    operator process, generated pod names, the policy's generation); what the bundle does not
-    hold is said first."""
+    operator process, generated pod names, the policy's generation), node-2's leftover device
+    resource included; what the bundle does not hold is said first."""
+    eventually(lambda: policy_state(client) == "ready", 90, "the policy at rest")
     out = tmp_path / "support.tar.gz"
     assert bundle(kubeconfig, out).returncode == 0
     state = tmp_path / "replay"
@@ -389,8 +406,10 @@ def test_bundle_replay_gives_a_cluster_whose_status_is_the_bundles(
         assert status.returncode == 0, status.stderr
         original = json.loads(unpack(out)["status.json"])
         assert differences(original, json.loads(status.stdout)) == []
-        assert {n["name"] for n in json.loads(status.stdout)["nodes"]} == {
-            "node-1", "node-2", "node-3", "node-4"}
+        nodes = {n["name"]: n for n in json.loads(status.stdout)["nodes"]}
+        assert set(nodes) == {"node-1", "node-2", "node-3", "node-4"}
+        assert {"name": LEFTOVER, "capacity": 4, "allocatable": 4, "inUse": 0} in \
+            nodes["node-2"]["resources"]
     finally:
         subprocess.run([str(BIN / "nicop"), "cluster", "down", "--state-dir", str(state)],
                        capture_output=True, text=True, timeout=120)
