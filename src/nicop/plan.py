@@ -8,8 +8,9 @@ change and delete. A driver DaemonSet whose pods would run something else means 
 on each of its nodes, ordered by the upgrade controller's own slot rule
 (nicop.operator.upgrade.nodes_to_start) and with each node's drain judged as the controller
 judges it (nicop.operator.drain). For a SriovNetworkNodePolicy, the node states the operator
-would write and what each node's config daemon would then do to its VFs (drain, reboot). The
-JSON form is docs/plan-schema.json.
+would write and what each node's config daemon would then do to its VFs (drain, reboot). For a
+network, the NetworkAttachmentDefinition the operator would render. The JSON form is
+docs/plan-schema.json.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from nicop.kube.resources import (
     BUILTIN,
     DAEMONSET,
     DEPLOYMENT,
+    NETWORK_ATTACHMENT_DEFINITION,
     NIC_CLUSTER_POLICY,
     NODE,
     POD,
@@ -56,6 +58,7 @@ from nicop.kube.resources import (
 )
 from nicop.kube.scheduling import daemon_pod_filter
 from nicop.node.sriov_daemon import plan as vf_work
+from nicop.operator import networks, sriov_networks
 from nicop.operator.drain import evictable, pod_name, refusal
 from nicop.operator.node_policy import NNP, NNP_STATES, selects
 from nicop.operator.sriov import (
@@ -249,13 +252,11 @@ def resource_for(obj: Obj) -> Resource:
 
 @dataclass
 class Cluster:
-    """What the plan reads once: nodes, pods, PodDisruptionBudgets, the policies."""
+    """What the plan reads once: nodes, pods, PodDisruptionBudgets."""
 
     nodes: list[Obj]
     pods: list[Obj]
     budgets: list[Obj]
-    cluster_policy: Obj | None
-    node_policies: list[Obj]
 
     def pods_on(self) -> dict[str, list[Obj]]:
         by_node: dict[str, list[Obj]] = defaultdict(list)
@@ -268,14 +269,7 @@ async def read(client: ApiClient) -> Cluster:
     nodes, _ = await client.list(NODE)
     pods, _ = await client.list(POD)
     budgets, _ = await client.list(POD_DISRUPTION_BUDGET)
-    cluster_policy = await client.get_or_none(NIC_CLUSTER_POLICY, POLICY_NAME)
-    try:
-        node_policies, _ = await client.list(NNP)
-    except ApiError as e:
-        if e.code != 404:
-            raise
-        node_policies = []
-    return Cluster(nodes, pods, budgets, cluster_policy, node_policies)
+    return Cluster(nodes, pods, budgets)
 
 
 # ------------------------------------------------------------------ the file's objects
@@ -554,6 +548,8 @@ async def plan(client: ApiClient, objects: list[Obj], namespace: str) -> Plan:
         elif obj["kind"] == SRIOV_NODE_POLICY.kind and \
                 obj["apiVersion"] == SRIOV_NODE_POLICY.api_version:
             await _sriov_effects(client, result, cluster, stored, change, namespace)
+        elif nad := _rendered_nad(stored, change, namespace):
+            result.operator.append(await _nad_change(client, nad))
     result.requests = {"reads": sum(n for (verb, _), n in client.requests.items()
                                     if verb in ("get", "list")),
                        "dryRuns": sum(n for (verb, _), n in client.requests.items()
@@ -585,6 +581,42 @@ def _policy_effects(result: Plan, cluster: Cluster, live: Obj | None, stored: Ob
     result.operator += operator_changes(before, after)
     result.restarts += restarts(before, after, cluster)
     result.rollouts += driver_rollouts(before, after, stored, cluster, namespace, owner)
+
+
+# ------------------------------------------------------------------ networks
+
+
+def _rendered_nad(network: Obj, change: ObjectChange, namespace: str) -> Obj | None:
+    """The NetworkAttachmentDefinition the operator would render for a network CR (None for
+    other kinds); a network the operator would refuse marks `change` refused."""
+    kind = network["kind"]
+    try:
+        if kind in networks.KINDS and network["apiVersion"] == \
+                networks.KINDS[kind].resource.api_version:
+            return networks.render_nad(networks.KINDS[kind], network)
+        if kind in sriov_networks.KINDS and network["apiVersion"] == \
+                sriov_networks.KINDS[kind].resource.api_version:
+            return sriov_networks.render_nad(sriov_networks.KINDS[kind], network, namespace,
+                                             resource_prefix())
+    except networks.NetworkError as e:
+        change.action, change.note = "refused", f"the operator would refuse it: {e}"
+    return None
+
+
+async def _nad_change(client: ApiClient, nad: Obj) -> ObjectChange:
+    """The rendered NAD against the live one, by the revision the operator writes on it."""
+    meta = nad["metadata"]
+    change = ObjectChange("create", nad["kind"], meta["name"], meta["namespace"])
+    live = await client.get_or_none(NETWORK_ATTACHMENT_DEFINITION, meta["name"],
+                                    meta["namespace"])
+    if live is not None:
+        same = (live["metadata"].get("annotations") or {}).get(REVISION_ANNOTATION) == \
+            meta["annotations"][REVISION_ANNOTATION]
+        change.action = "unchanged" if same else "change"
+        if not same:
+            change.diff = diff(live, nad)
+            change.note = "pods attached already keep their interface; new pods get this"
+    return change
 
 
 # ------------------------------------------------------------------ SR-IOV

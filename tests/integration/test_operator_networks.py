@@ -13,7 +13,7 @@ from lightkube import Client
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from tests.eventually import eventually
-from tests.integration.operator_process import NAMESPACE, OperatorProcess
+from tests.integration.operator_process import NAMESPACE, OperatorProcess, nicop_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 NAD = create_namespaced_resource("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition",
@@ -80,9 +80,19 @@ def test_each_network_example_produces_its_nad(
                    f"NAD {name} to go with its network")
 
 
+def planned(kubeconfig: Path, path: Path, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """`nicop plan -o json` of `body`: its exit code and the plan."""
+    path.write_text(yaml.safe_dump(body))
+    proc = nicop_plan(kubeconfig, path, NAMESPACE, "-o", "json")
+    assert proc.returncode in (0, 1, 2), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
 def test_namespace_move_and_bad_ipam(
-    client: Client, operator: OperatorProcess, namespace: str
+    client: Client, operator: OperatorProcess, namespace: str, kubeconfig: Path, tmp_path: Path
 ) -> None:
+    """Also `nicop plan` of each change first: the NAD it would create in the new namespace,
+    nothing for an unchanged network, and the operator's refusal of JSON that is not JSON."""
     body = {"apiVersion": "mellanox.com/v1alpha1", "kind": "MacvlanNetwork",
             "metadata": {"name": f"mv-{namespace}"},
             "spec": {"networkNamespace": "default", "master": "ens1f0", "mode": "bridge"}}
@@ -90,12 +100,21 @@ def test_namespace_move_and_bad_ipam(
     apply(client, body)
     try:
         eventually(lambda: nad_config(client, name, "default"), 30, "NAD in default")
+        code, plan = planned(kubeconfig, tmp_path / "same.yaml", body)
+        assert code == 0 and plan["operatorObjects"] == [], plan
         body["spec"]["networkNamespace"] = namespace
+        code, plan = planned(kubeconfig, tmp_path / "move.yaml", body)
+        assert code == 0 and plan["operatorObjects"] == [{
+            "action": "create", "kind": "NetworkAttachmentDefinition", "name": name,
+            "namespace": namespace}], plan
         apply(client, body)
         eventually(lambda: nad_config(client, name, namespace), 30, "NAD in the new namespace")
         eventually(lambda: nad_config(client, name, "default") is None, 30, "old NAD removed")
 
         body["spec"]["ipam"] = '{"type": "nv-ipam", "poolName": }'
+        code, plan = planned(kubeconfig, tmp_path / "bad.yaml", body)
+        assert code == 1 and "the operator would refuse it: spec.ipam is not valid JSON" in \
+            plan["refused"][0], plan
         apply(client, body)
         status = eventually(lambda: (s := client.get(KINDS["MacvlanNetwork"], name).get("status"))
                             and s.get("state") == "error" and s, 30, "error status")
