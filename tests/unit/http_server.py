@@ -5,6 +5,7 @@ callable, writes its own answer to the stream (chunked, closing, silent)."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,9 +15,10 @@ Writer = Callable[[asyncio.StreamWriter], Awaitable[None]]
 
 @asynccontextmanager
 async def serve(answer: Callable[[dict[str, str]], Any],
-                connections: list[int] | None = None) -> AsyncIterator[str]:
-    """Serve until the block ends; yields the URL. `connections` gets one entry per accepted
-    connection (so a test can count them)."""
+                connections: list[int] | None = None,
+                tls: ssl.SSLContext | None = None) -> AsyncIterator[str]:
+    """Serve until the block ends; yields the URL (https with `tls`, the server's context).
+    `connections` gets one entry per accepted connection (so a test can count them)."""
     tasks: set[asyncio.Task[None]] = set()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -50,10 +52,10 @@ async def serve(answer: Callable[[dict[str, str]], Any],
         finally:
             writer.close()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=tls)
     port = server.sockets[0].getsockname()[1]
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     finally:
         server.close()
         for task in tasks:

@@ -6,12 +6,15 @@ Every API test of the suite also goes through it, against the real API server.""
 from __future__ import annotations
 
 import asyncio
+import ssl
+from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.unit.http_server import serve
 
-from nicop.kube.http import HttpClient, HttpError
+from nicop.kube.http import TLS_READ_BUFFER, HttpClient, HttpError
+from nicop_sim.pki import CertificateAuthority
 
 
 def run(test: Any) -> Any:
@@ -121,5 +124,30 @@ def test_an_unreachable_server_is_an_os_error() -> None:
         with pytest.raises(OSError):
             await client.request("GET", "/version")
         await client.close()
+
+    run(test)
+
+
+def test_tls_connections_read_64_kib_at_a_time(tmp_path: Path) -> None:
+    """asyncio gives each TLS connection a 256 KiB read buffer unless nicop.kube.http lowers
+    SSLProtocol.max_size (30 MiB of the operator's memory in a 1000-node rollout). That
+    attribute is asyncio's own: were a Python release to drop it, this fails instead of the
+    memory quietly growing back."""
+    ca = CertificateAuthority(tmp_path)
+    server_pair = ca.issue("server", "server", server_hosts=["127.0.0.1"])
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(server_pair.cert, server_pair.key)
+    client_tls = ssl.create_default_context(cafile=str(ca.pair.cert))
+
+    async def test() -> None:
+        async with serve(lambda head: (200, b"{}"), tls=server_tls) as url:
+            client = HttpClient(url, client_tls, None, 10)
+            try:
+                assert (await client.request("GET", "/api")).status == 200
+                (conn,) = client._idle
+                protocol = conn.writer.transport._ssl_protocol  # type: ignore[attr-defined]
+                assert len(protocol._ssl_buffer) == TLS_READ_BUFFER == 64 * 1024
+            finally:
+                await client.close()
 
     run(test)

@@ -90,7 +90,7 @@ class PolicyController:
         if policy is None:
             metrics.forget_policy(NCP.kind, key)
             if key == POLICY_NAME:
-                await self._sync_node_labels(None)
+                await self._sync_node_labels(None, self.node_facts.each(self.nodes.store.items()))
             return None
         if key != POLICY_NAME:
             await self._write_status(policy, {
@@ -107,7 +107,7 @@ class PolicyController:
         unmanaged = [f.unmanaged for _, f in facts if f.unmanaged]
         metrics.unmanaged_nic_nodes(n for n, f in facts if f.unmanaged)
         # Labels first: the device plugins' DaemonSets are judged on the nodes they select now.
-        label_errors = await self._sync_node_labels(policy)
+        label_errors = await self._sync_node_labels(policy, facts)
         # Each state on its own: a write the API server refuses fails that state only.
         applied = [await self.states.sync(state, ctx, unmanaged, NCP, state.section_of(policy))
                    for state in STATES]
@@ -133,9 +133,11 @@ class PolicyController:
         return None if ready else Result(requeue_after=NOT_READY_RECHECK)
 
     # ------------------------------------------------------------------ node labels
-    async def _sync_node_labels(self, policy: Obj | None) -> list[str]:
-        """Keep mofed.wait on every node as the driver state says; remove it without a policy.
-        Returns the writes the API server refused, each naming its node."""
+    async def _sync_node_labels(self, policy: Obj | None,
+                                facts: list[tuple[Obj, node_rules.NodeFacts]]) -> list[str]:
+        """Keep mofed.wait on every node (`facts`: each with its facts) as the driver state
+        says; remove it without a policy. Returns the writes the API server refused, each
+        naming its node."""
         ofed = policy is not None and bool((policy.get("spec") or {}).get("ofedDriver"))
         # A NicNodePolicy's driver holds its nodes' device plugins back alike; its policies
         # keep the label on even without a NicClusterPolicy.
@@ -145,11 +147,11 @@ class PolicyController:
         ready = node_rules.readiness_by_node(
             r for _, r in self.driver_pod_readiness.each(self.driver_pods.store.items()))
         errors = []
-        for node, facts in self.node_facts.each(self.nodes.store.items()):
+        for node, fact in facts:
             name = node["metadata"]["name"]
-            wanted = node_rules.wait_value(name, facts.managed, ofed or name in nnp_drivers,
+            wanted = node_rules.wait_value(name, fact.managed, ofed or name in nnp_drivers,
                                            ready) if active else None
-            if facts.mofed_wait == wanted:
+            if fact.mofed_wait == wanted:
                 continue
             try:
                 self.nodes.assume(await self.client.patch(
