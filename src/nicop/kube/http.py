@@ -114,8 +114,8 @@ class HttpClient:
         async with asyncio.timeout(connect_timeout):
             conn, status, answer_headers = await self._send(method, target, None, headers)
             if status == 401 and self.credentials and self.credentials.forget():
-                await self._read_body(conn, method, status, answer_headers)
-                self._release(conn, answer_headers)
+                await read_body(conn, method, status, answer_headers)
+                self.release(conn, answer_headers)
                 conn, status, answer_headers = await self._send(method, target, None, headers)
         streamed = StreamedResponse(self, conn, method, status, answer_headers, read_timeout)
         try:
@@ -136,11 +136,11 @@ class HttpClient:
                         headers: dict[str, str] | None) -> Response:
         conn, status, answer_headers = await self._send(method, target, body, headers)
         try:
-            content = await self._read_body(conn, method, status, answer_headers)
+            content = await read_body(conn, method, status, answer_headers)
         except BaseException:
-            self._discard(conn)
+            self.discard(conn)
             raise
-        self._release(conn, answer_headers)
+        self.release(conn, answer_headers)
         return Response(status, answer_headers, content)
 
     async def _send(self, method: str, target: str, body: bytes | None,
@@ -160,13 +160,13 @@ class HttpClient:
                 status, answer_headers = await _read_head(conn.reader)
                 return conn, status, answer_headers
             except (ConnectionError, asyncio.IncompleteReadError) as e:
-                self._discard(conn)
+                self.discard(conn)
                 if reused and not (isinstance(e, asyncio.IncompleteReadError) and e.partial):
                     continue
                 raise HttpError(f"the connection to {self.host}:{self.port} broke: "
                                 f"{e or type(e).__name__}") from None
             except BaseException:
-                self._discard(conn)
+                self.discard(conn)
                 raise
 
     async def _head(self, method: str, target: str, body: bytes | None,
@@ -185,7 +185,7 @@ class HttpClient:
             conn = self._idle.pop()
             if conn.usable():
                 return conn, True
-            self._discard(conn)
+            self.discard(conn)
         reader, writer = await asyncio.open_connection(
             self.host, self.port, ssl=self.tls,
             server_hostname=self.host if self.tls else None)
@@ -193,28 +193,17 @@ class HttpClient:
         self._open.add(conn)
         return conn, False
 
-    async def _read_body(self, conn: _Connection, method: str, status: int,
-                         headers: dict[str, str]) -> bytes:
-        if method == "HEAD" or status in (204, 304) or status < 200:
-            return b""
-        if "chunked" in headers.get("transfer-encoding", ""):
-            return b"".join([chunk async for chunk in _chunks(conn.reader)])
-        if (length := headers.get("content-length")) is not None:
-            try:
-                return await conn.reader.readexactly(int(length))
-            except asyncio.IncompleteReadError:
-                raise HttpError("the API server closed the connection mid-answer") from None
-        headers["connection"] = "close"  # the body ends with the connection
-        return await conn.reader.read()
-
-    def _release(self, conn: _Connection, headers: dict[str, str]) -> None:
+    def release(self, conn: _Connection, headers: dict[str, str]) -> None:
+        """Give back a connection whose answer was read to its end: kept for reuse unless
+        the answer or the pool says otherwise."""
         if headers.get("connection", "").lower() == "close" or len(self._idle) >= MAX_IDLE \
                 or not conn.usable():
-            self._discard(conn)
+            self.discard(conn)
         else:
             self._idle.append(conn)
 
-    def _discard(self, conn: _Connection) -> None:
+    def discard(self, conn: _Connection) -> None:
+        """Close a connection whose answer was not read to its end."""
         conn.close()
         self._open.discard(conn)
 
@@ -236,7 +225,7 @@ class StreamedResponse:
 
     async def read(self) -> bytes:
         """The whole rest of the answer (an error's Status)."""
-        body = await self.client._read_body(self.conn, self.method, self.status, self.headers)
+        body = await read_body(self.conn, self.method, self.status, self.headers)
         self._done = True
         return body
 
@@ -259,7 +248,7 @@ class StreamedResponse:
             async for chunk in _chunks(reader):
                 yield chunk
         elif "content-length" in self.headers:
-            yield await self.client._read_body(self.conn, self.method, self.status, self.headers)
+            yield await read_body(self.conn, self.method, self.status, self.headers)
         else:
             while chunk := await reader.read(1 << 16):
                 yield chunk
@@ -281,9 +270,25 @@ class StreamedResponse:
         if self._watchdog is not None:
             self._watchdog.cancel()
         if self._done:
-            self.client._release(self.conn, self.headers)
+            self.client.release(self.conn, self.headers)
         else:
-            self.client._discard(self.conn)
+            self.client.discard(self.conn)
+
+
+async def read_body(conn: _Connection, method: str, status: int,
+                    headers: dict[str, str]) -> bytes:
+    """The whole body of an answer whose head was read (chunked, by length, or to the end)."""
+    if method == "HEAD" or status in (204, 304) or status < 200:
+        return b""
+    if "chunked" in headers.get("transfer-encoding", ""):
+        return b"".join([chunk async for chunk in _chunks(conn.reader)])
+    if (length := headers.get("content-length")) is not None:
+        try:
+            return await conn.reader.readexactly(int(length))
+        except asyncio.IncompleteReadError:
+            raise HttpError("the API server closed the connection mid-answer") from None
+    headers["connection"] = "close"  # the body ends with the connection
+    return await conn.reader.read()
 
 
 async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
