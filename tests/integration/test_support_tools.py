@@ -124,6 +124,7 @@ def test_kubectl_nicop_status_through_kubectl(
     helped = kubectl(controlplane_bin, "nicop", "--help")
     assert helped.returncode == 0
     assert "kubectl nicop diagnose node worker-3" in helped.stdout
+    assert "kubectl nicop plan -f nicclusterpolicy.yaml" in helped.stdout
 
 
 # ------------------------------------------------------------------ nicop bundle

@@ -92,6 +92,11 @@ def test_installed_alone_nicop_runs_its_agents_and_cannot_select_the_simulation(
         assert command in shown, shown
     for command in (" cluster ", " demo "):
         assert command not in shown, shown
+    for command in ("plan", "discover", "bundle"):
+        assert f" {command} " in shown, shown
+    bundle = run(python, "-m", "nicop", "bundle", "--help", cwd=home, env={
+        **os.environ, "COLUMNS": "200"}).stdout
+    assert "--log-lines" in bundle and "replay" not in bundle, bundle  # replay is nicop-sim's
     no_sim = run(python, "-c",
                  "import importlib.util; print(importlib.util.find_spec('nicop_sim'))",
                  cwd=home).stdout
@@ -114,6 +119,9 @@ def test_with_the_sim_wheel_the_demo_reads_its_examples_from_the_installed_packa
     shown = run(python, "-m", "nicop", "--help", cwd=home, env={
         **os.environ, "COLUMNS": "200"}).stdout
     assert " demo " in shown and " cluster " in shown, shown
+    bundle = run(python, "-m", "nicop", "bundle", "--help", cwd=home, env={
+        **os.environ, "COLUMNS": "200"}).stdout
+    assert " replay " in bundle, bundle
 
 
 DEV_TOOLS = {"protogen.py"}  # `make proto`: the dev extra's grpcio-tools, never an agent's
