@@ -126,9 +126,12 @@ async def find(client: ApiClient, namespace: str, image: str,
     for resource_slice in await _optional_list(client, RESOURCE_SLICE):
         spec = resource_slice.get("spec") or {}
         name = str(spec.get("nodeName") or "")
-        if spec.get("driver") == dra.DRIVER and name in names and name not in found.ports and (
-                ports := _from_slice(resource_slice)):
-            found.ports[name], found.source[name] = ports, "ResourceSlice"
+        if spec.get("driver") != dra.DRIVER or name not in names or \
+                found.source.get(name, "ResourceSlice") != "ResourceSlice":
+            continue
+        if ports := _from_slice(resource_slice):  # a node's devices may span several slices
+            found.ports.setdefault(name, []).extend(ports)
+            found.source[name] = "ResourceSlice"
     unasked = sorted(names - set(found.ports))
     if unasked:
         progress(f"asking {len(unasked)} nodes with a discovery pod: {', '.join(unasked)}")
@@ -165,8 +168,17 @@ async def _ask(client: ApiClient, namespace: str, image: str, nodes: list[str], 
                timeout: float) -> None:
     created = []
     for node in nodes:
+        pod = discovery_pod(node, namespace, image)
         try:
-            await client.create(discovery_pod(node, namespace, image), res=POD)
+            try:
+                await client.create(pod, res=POD)
+            except ApiError as e:
+                if e.code != 409:
+                    raise
+                # One an interrupted run left: its answer may be stale, ask again.
+                await client.delete(POD, POD_PREFIX + node, namespace, grace_seconds=0)
+                await _gone(client, POD_PREFIX + node, namespace)
+                await client.create(pod, res=POD)
             created.append(node)
         except ApiError as e:
             found.failed[node] = f"could not create its discovery pod: {e.message}"
@@ -175,8 +187,8 @@ async def _ask(client: ApiClient, namespace: str, image: str, nodes: list[str], 
         waiting = set(created)
         while waiting and time.monotonic() < deadline:
             for node in sorted(waiting):
-                pod = await client.get_or_none(POD, POD_PREFIX + node, namespace)
-                if (answer := _answer(pod)) is None:
+                asked = await client.get_or_none(POD, POD_PREFIX + node, namespace)
+                if (answer := _answer(asked)) is None:
                     continue
                 waiting.discard(node)
                 ok, value = answer
@@ -193,6 +205,14 @@ async def _ask(client: ApiClient, namespace: str, image: str, nodes: list[str], 
     finally:
         for node in created:
             await client.delete(POD, POD_PREFIX + node, namespace, grace_seconds=0)
+
+
+async def _gone(client: ApiClient, name: str, namespace: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while await client.get_or_none(POD, name, namespace) is not None:
+        if time.monotonic() > deadline:
+            return  # creating it again says what is wrong
+        await asyncio.sleep(0.5)
 
 
 def _answer(pod: Obj | None) -> tuple[bool, Any] | None:
