@@ -60,7 +60,7 @@ class Bundle:
     def read(cls, path: Path) -> Bundle:
         try:
             with tarfile.open(path) as tar:
-                files = {m.name.split("/", 1)[1]: (tar.extractfile(m) or _empty()).read()
+                files = {m.name.split("/", 1)[1]: tar.extractfile(m).read()  # type: ignore[union-attr]
                          .decode(errors="replace") for m in tar.getmembers() if m.isfile()}
         except (OSError, tarfile.TarError) as e:
             raise ReplayError(f"{path}: not a readable nicop bundle ({e})") from None
@@ -81,11 +81,6 @@ class Bundle:
     def objects(self, path: str) -> list[dict[str, Any]]:
         value = yaml.safe_load(self.files.get(path) or "[]")
         return value if isinstance(value, list) else []
-
-
-def _empty() -> Any:
-    import io
-    return io.BytesIO(b"")
 
 
 def nodes(bundle: Bundle) -> list[dict[str, Any]]:

@@ -323,8 +323,10 @@ def diff(old: Obj | None, new: Obj | None) -> list[str]:
 
 
 def render(policy: Obj | None, states: Iterable[State], ctx_of: Callable[[Obj], Context],
-           kind: Resource) -> dict[tuple[str, str], tuple[State, Obj]]:
-    """Every object the operator renders for `policy`, by (kind, key)."""
+           kind: Resource, errors: dict[str, str] | None = None
+           ) -> dict[tuple[str, str], tuple[State, Obj]]:
+    """Every object the operator renders for `policy`, by (kind, key); a state it cannot
+    render goes into `errors` (state name -> why) with no object."""
     if policy is None:
         return {}
     ctx = ctx_of(policy)
@@ -335,8 +337,10 @@ def render(policy: Obj | None, states: Iterable[State], ctx_of: Callable[[Obj], 
             continue
         try:
             rendered = state.render(ctx, section, state.path)
-        except RenderError:
-            continue  # the policy's status says it; nothing of the state changes
+        except RenderError as e:
+            if errors is not None:
+                errors[state.name] = str(e)
+            continue
         for obj in rendered:
             own(obj, state, ctx, kind, [])
             objects[obj["kind"], key_of(obj)] = (state, obj)
@@ -542,9 +546,10 @@ async def plan(client: ApiClient, objects: list[Obj], namespace: str) -> Plan:
             continue
         if obj["kind"] == NIC_CLUSTER_POLICY.kind and obj["apiVersion"] == \
                 NIC_CLUSTER_POLICY.api_version:
-            _policy_effects(result, cluster, live, stored, namespace, NIC_CLUSTER_POLICY)
+            _policy_effects(result, cluster, live, stored, change, namespace,
+                            NIC_CLUSTER_POLICY)
         elif obj["kind"] == NNP.kind and obj["apiVersion"] == NNP.api_version:
-            _policy_effects(result, cluster, live, stored, namespace, NNP)
+            _policy_effects(result, cluster, live, stored, change, namespace, NNP)
         elif obj["kind"] == SRIOV_NODE_POLICY.kind and \
                 obj["apiVersion"] == SRIOV_NODE_POLICY.api_version:
             await _sriov_effects(client, result, cluster, stored, change, namespace)
@@ -559,7 +564,7 @@ async def plan(client: ApiClient, objects: list[Obj], namespace: str) -> Plan:
 
 
 def _policy_effects(result: Plan, cluster: Cluster, live: Obj | None, stored: Obj,
-                    namespace: str, kind: Resource) -> None:
+                    change: ObjectChange, namespace: str, kind: Resource) -> None:
     opt_in_used = any(OPT_IN_LABEL in labels_of(n) for n in cluster.nodes)
     managed = [n for n in cluster.nodes if is_managed(n)]
     if kind == NNP:
@@ -577,7 +582,16 @@ def _policy_effects(result: Plan, cluster: Cluster, live: Obj | None, stored: Ob
     if stored["metadata"]["name"] != POLICY_NAME and kind == NIC_CLUSTER_POLICY:
         return  # the operator ignores it (its status says so)
     before = render(live, states, ctx_of, kind)
-    after = render(stored, states, ctx_of, kind)
+    errors: dict[str, str] = {}
+    after = render(stored, states, ctx_of, kind, errors)
+    if errors:
+        # The operator puts such a state in error and leaves its objects as they are (it
+        # deletes only what a section it renders no longer has): nothing of it changes.
+        after.update({key: value for key, value in before.items() if value[0].name in errors})
+        change.action = "refused"
+        change.note = "; ".join(f"the operator cannot render {name}: {why} (its objects stay "
+                                "as they are, the component in error)"
+                                for name, why in sorted(errors.items()))
     result.operator += operator_changes(before, after)
     result.restarts += restarts(before, after, cluster)
     result.rollouts += driver_rollouts(before, after, stored, cluster, namespace, owner)

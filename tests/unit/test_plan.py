@@ -12,13 +12,16 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from nicop.api.upgrade import DONE, STATE_LABEL
+from nicop.kube.resources import NIC_CLUSTER_POLICY
 from nicop.operator.upgrade import NodeView
 from nicop.plan import (
+    Cluster,
     DriverRollout,
     NodeReload,
     ObjectChange,
     Plan,
     VfChange,
+    _policy_effects,
     batches,
     diff,
     text,
@@ -106,3 +109,20 @@ def test_every_form_of_the_plan_validates_against_its_documented_schema() -> Non
         errors = list(Draft202012Validator(SCHEMA).iter_errors(plan.to_json()))
         assert not errors, errors
     assert full.exit_code() == 1  # a refused object: nothing would be applied as written
+
+
+def test_a_section_the_operator_cannot_render_deletes_nothing_and_is_refused() -> None:
+    """The operator puts a state it cannot render in error and keeps its objects (StateSync
+    deletes only what a rendered section no longer has): the plan must not call them deleted."""
+    config = json.dumps({"configList": [{"resourceName": "rdma", "selectors": {
+        "vendors": ["15b3"]}}]})
+    live = {"apiVersion": "mellanox.com/v1alpha1", "kind": "NicClusterPolicy",
+            "metadata": {"name": "nic-cluster-policy", "uid": "u"},
+            "spec": {"rdmaSharedDevicePlugin": {"image": "p", "repository": "r",
+                                                "version": "v", "config": config}}}
+    broken = {**live, "spec": {"rdmaSharedDevicePlugin": {
+        **live["spec"]["rdmaSharedDevicePlugin"], "config": "{not json"}}}
+    result, change = Plan(), ObjectChange("change", "NicClusterPolicy", "nic-cluster-policy")
+    _policy_effects(result, Cluster([], [], []), live, broken, change, "ns", NIC_CLUSTER_POLICY)
+    assert [c for c in result.operator if c.action != "unchanged"] == []
+    assert change.action == "refused" and "spec.rdmaSharedDevicePlugin.config" in change.note
