@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import ctypes
 import functools
 import hashlib
 import json
@@ -32,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from nicop_sim import hardware, realnode
+from nicop_sim import hardware, namespaces, realnode
 from nicop_sim.pki import CertificateAuthority, KeyPair, service_account_keys
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
@@ -93,12 +92,6 @@ def port_in_use(port: int) -> bool:
         except OSError:
             return True
     return False
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGKILL it when the parent dies (PR_SET_PDEATHSIG)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL)
 
 
 def _process_alive(pid: int, binary: str) -> bool:
@@ -452,12 +445,11 @@ class LocalCluster:
             log.write(f"\n--- nicop: starting {name} at {time.ctime()}\n".encode())
             log.flush()
             child = subprocess.Popen(
-                argv,
+                namespaces.dying_with_parent(argv) if die_with_parent else argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if die_with_parent else None,
             )
         self._children[child.pid] = child
         proc = Process(name, child.pid, binary, str(log_path), die_with_parent)

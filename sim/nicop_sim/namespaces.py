@@ -34,6 +34,13 @@ def die_with_parent() -> None:
     _libc.prctl(1, 9)
 
 
+def dying_with_parent(argv: list[str]) -> list[str]:
+    """`argv` run so that it gets SIGKILL when its parent ends, set by util-linux's setpriv
+    rather than a preexec_fn: a preexec_fn forces fork(), whose gRPC fork handlers can leave a
+    poller thread in the child that aborts it (SIGABRT) once the fds are closed before exec."""
+    return ["setpriv", "--pdeathsig", "KILL", "--", *argv]
+
+
 def unshare(flags: int) -> None:
     _check(_libc.unshare(flags), "unshare")
 

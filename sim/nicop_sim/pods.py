@@ -52,6 +52,7 @@ from nicop.kube.informer import Informer
 from nicop.kube.resources import CONFIGMAP, POD, SECRET, Obj, Resource
 from nicop.kube.times import stamp as now
 from nicop.node.host import MOUNTS_ENV, Mounts
+from nicop_sim.namespaces import dying_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -208,10 +209,12 @@ class Container:
                                     f"{self.status.restart_count}")
         with open(log_path, "ab") as out:
             try:
+                if not shutil.which(argv[0], path=self.env.get("PATH")):
+                    raise FileNotFoundError(f"{argv[0]}: not found in $PATH")
                 self.process = await asyncio.create_subprocess_exec(
-                    *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
-                    cwd=cwd if os.path.isdir(cwd) else self.mounts["/"], env=self.env,
-                    start_new_session=True, preexec_fn=_die_with_parent)
+                    *dying_with_parent(argv), stdin=asyncio.subprocess.DEVNULL, stdout=out,
+                    stderr=out, cwd=cwd if os.path.isdir(cwd) else self.mounts["/"],
+                    env=self.env, start_new_session=True)
             except OSError as e:
                 out.write(f"cannot start {argv[0]}: {e}\n".encode())
                 self._terminated(128, started_at, "StartError", str(e))
@@ -344,9 +347,9 @@ class Container:
             argv = self.argv(list(probe["exec"].get("command") or []))
             try:
                 proc = await asyncio.create_subprocess_exec(
-                    *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.STDOUT, env=self.env, cwd=self.mounts["/"],
-                    start_new_session=True, preexec_fn=_die_with_parent)
+                    *dying_with_parent(argv), stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                    env=self.env, cwd=self.mounts["/"], start_new_session=True)
             except OSError as e:
                 return False, str(e)
             try:
@@ -850,9 +853,3 @@ def _signal_group(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
 
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL it when the node stand-in dies (PR_SET_PDEATHSIG)."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)

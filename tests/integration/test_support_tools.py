@@ -345,9 +345,10 @@ def test_discover_selects_a_nic_model_the_policy_misses_and_then_matches_what_ru
     # node-4 runs no agent; earlier modules may have left reports of other nodes
     assert re.search(r"asking \d nodes with a discovery pod: .*node-4", first.stderr)
     suggestion = (tmp_path / "first.yaml").read_text()
-    assert "# NIC model 15b3:1021 (infiniband): on 1 node (node-1)" in suggestion
-    assert "# NIC model 15b3:101d (ethernet): on 3 nodes (node-2, node-3, node-4)" in suggestion
-    assert "# 15b3:1021 (infiniband): already selected by RDMA resource rdma" in suggestion
+    notes = [line for line in suggestion.splitlines() if line.startswith("# ")]
+    assert "# NIC model 15b3:1021 (infiniband): on 1 node (node-1)" in notes, notes
+    assert "# NIC model 15b3:101d (ethernet): on 3 nodes (node-2, node-3, node-4)" in notes, notes
+    assert "# 15b3:1021 (infiniband): already selected by RDMA resource rdma" in notes, notes
     selectors = rdma_selectors(suggestion)
     assert selectors["rdma"]["deviceIDs"] == ["1021"]
     assert selectors["rdma_roce"] == {"vendors": ["15b3"], "deviceIDs": ["101d"],
