@@ -13,9 +13,9 @@ from collections import Counter
 from pathlib import Path
 
 from grpc import aio
+from tests.eventually import eventually
 
 from nicop_sim.namespaces import dying_with_parent
-from tests.eventually import eventually
 
 
 def test_a_child_gets_sigkill_when_its_parent_ends(tmp_path: Path) -> None:
