@@ -8,6 +8,8 @@ field manager, watches with bookmarks, metadata-only lists, and the Eviction API
 from __future__ import annotations
 
 import collections
+import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +20,10 @@ from prometheus_client import Counter
 from nicop.kube.http import HttpClient, Response
 from nicop.kube.kubeconfig import Connection, load
 from nicop.kube.resources import POD, Obj, Resource, resource_of
+
+log = logging.getLogger(__name__)
+# A request slower than this is logged: what an operator that seems stuck is waiting for.
+SLOW_REQUEST = 10.0
 
 FIELD_MANAGER = "nicop"
 METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
@@ -106,10 +112,15 @@ class ApiClient:
         return orjson.loads(resp.body) if resp.body else {}
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> Response:
+        started = time.monotonic()
         try:
             resp = await self._http.request(method, path, **kwargs)
         except OSError as e:  # refused, reset, timed out, TLS failed
             raise Unreachable(e, self.connection.server) from None
+        finally:
+            if (took := time.monotonic() - started) >= SLOW_REQUEST:
+                log.warning("%s %s took %.1fs: the API server is slow or overloaded",
+                            method, path, took)
         if resp.status >= 400:
             raise _error(resp.status, resp.body)
         return resp

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 RECONCILES = Counter("nicop_reconcile_total", "Reconciles by controller and result",
                      ["controller", "result"])
 RECONCILE_SECONDS = Histogram("nicop_reconcile_seconds", "Reconcile duration", ["controller"])
+# A reconcile slower than this is logged: a controller that seems stuck says where it sits.
+SLOW_RECONCILE = 10.0
 LEADING = Gauge("nicop_leader", "1 while this process leads and reconciles (caches synced)")
 
 
@@ -68,6 +70,9 @@ class Controller:
             finally:
                 took = time.perf_counter() - start
                 RECONCILE_SECONDS.labels(self.name).observe(took)
+                if took >= SLOW_RECONCILE:
+                    log.warning("reconcile took %.1fs", took,
+                                extra={"controller": self.name, "key": key})
                 self.queue.done(key, took)
 
 
