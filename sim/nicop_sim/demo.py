@@ -55,9 +55,18 @@ class Demo:
         self.client: Any = None
         self.applied_at = 0.0
         self.real_node = False
+        self.steps: list[tuple[str, float]] = []  # each step's title and when it began
 
     def step(self, title: str) -> None:
+        self.steps.append((title, time.monotonic()))
         self.console.rule(f"[bold]{title}")
+
+    def took(self) -> str:
+        """How long each step took, the slowest first (what a slow machine spends its time on)."""
+        ends = [began for _, began in self.steps[1:]] + [time.monotonic()]
+        spent = sorted(((end - began, title.split(".", 1)[0]) for (title, began), end
+                        in zip(self.steps, ends, strict=True)), reverse=True)
+        return ", ".join(f"step {number} {seconds:.0f}s" for seconds, number in spent)
 
     def wait(self, what: str, check: Callable[[], Any], timeout: float = 180) -> Any:
         deadline = time.monotonic() + timeout
@@ -412,7 +421,7 @@ def run(console: Console, nodes: int, profiles: list[str] | None, state_dir: Pat
     demo.run_pods()
     demo.upgrade_driver()
     demo.diagnose()
-    console.print(f"\nThe demo took {time.monotonic() - started:.0f}s.")
+    console.print(f"\nThe demo took {time.monotonic() - started:.0f}s ({demo.took()}).")
     demo.explore()
 
 
