@@ -40,6 +40,7 @@ from nicop.kube.resources import (
 )
 
 POD_PREFIX = "nicop-discover-"
+APP_LABEL, APP = "app.kubernetes.io/name", "nicop-discover"
 POD_TIMEOUT = 120.0
 RDMA_PLUGIN_PATH = ("spec", "rdmaSharedDevicePlugin", "config")
 LINK_SUFFIX = {"infiniband": "ib", "ethernet": "roce"}
@@ -152,7 +153,7 @@ def discovery_pod(node: str, namespace: str, image: str) -> Obj:
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": POD_PREFIX + node, "namespace": namespace,
-                     "labels": {"app.kubernetes.io/name": "nicop-discover"}},
+                     "labels": {APP_LABEL: APP}},
         "spec": {
             "nodeName": node, "restartPolicy": "Never", "hostNetwork": True,
             "tolerations": [{"operator": "Exists"}], "terminationGracePeriodSeconds": 1,
@@ -186,9 +187,10 @@ async def _ask(client: ApiClient, namespace: str, image: str, nodes: list[str], 
         deadline = time.monotonic() + timeout
         waiting = set(created)
         while waiting and time.monotonic() < deadline:
+            pods, _ = await client.list(POD, namespace, label_selector=f"{APP_LABEL}={APP}")
+            by_name = {p["metadata"]["name"]: p for p in pods}  # one read a round, any size
             for node in sorted(waiting):
-                asked = await client.get_or_none(POD, POD_PREFIX + node, namespace)
-                if (answer := _answer(asked)) is None:
+                if (answer := _answer(by_name.get(POD_PREFIX + node))) is None:
                     continue
                 waiting.discard(node)
                 ok, value = answer
