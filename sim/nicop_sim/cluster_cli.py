@@ -170,10 +170,9 @@ def bundle_replay(
     policy reaches the bundle's state, then says where the status still differs. The cluster
     keeps running: `nicop cluster down` stops it."""
     import json
-    import subprocess
-    import sys
     import time
 
+    from nicop import status as nicop_status
     from nicop_sim.cluster import ClusterError, LocalCluster
     from nicop_sim.replay import NOT_REPLAYED, STATUS_DIFFERS, Bundle, ReplayError, replay
     from nicop_sim.replay import differences as status_differences
@@ -200,16 +199,18 @@ def bundle_replay(
     if wanted is not None:
         deadline = time.monotonic() + timeout
         while True:
-            done = subprocess.run([sys.executable, "-m", "nicop", "status", "-o", "json",
-                                   "--kubeconfig", str(kubeconfig), "-n", namespace],
-                                  capture_output=True, text=True)
-            if done.returncode == 0:
-                differs = status_differences(wanted, json.loads(done.stdout))
+            try:  # what `nicop status -o json` prints, read here
+                snap = nicop_status.read_cluster(
+                    kubeconfig, lambda client: nicop_status.collect(client, namespace), None)
+            except nicop_status.ClusterReadError as e:
+                if time.monotonic() > deadline:
+                    differs = [f"status could not be read: {e}"]
+                    break
+            else:
+                printed = json.loads(json.dumps(nicop_status.summarize(snap)))  # as -o json
+                differs = status_differences(wanted, printed)
                 if not differs or time.monotonic() > deadline:
                     break
-            elif time.monotonic() > deadline:
-                differs = ["status could not be read: " + done.stderr.strip()]
-                break
             time.sleep(2.0)
         if differs:
             console.print(f"The replay's status differs from the bundle's in: "
