@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from lightkube.resources.core_v1 import Pod
 
 from nicop_sim.cluster import COMPONENTS, LocalCluster
 
@@ -53,3 +54,9 @@ def test_the_demo_starts_no_agent_itself(state_dir: Path, controlplane_bin: Path
         assert "uverbs" in inside and "rdma_cm" in inside, shown[-3000:]
     else:
         assert "without a real node: " in shown
+    # Each node is uncordoned once its device plugins are back, not when its driver alone is:
+    # no workload pod was placed there and refused by the kubelet meanwhile.
+    refused = [f"{p.metadata.name} on {p.spec.nodeName}: {p.status.message}"
+               for p in cluster.client().list(Pod, namespace="default")
+               if p.status.reason == "UnexpectedAdmissionError"]
+    assert not refused, refused

@@ -27,11 +27,13 @@ from prometheus_client import Counter
 from nicop import logs
 from nicop.api.labels import (
     DRIVER_LABEL,
+    MOFED_WAIT_LABEL,
     OWNER_LABEL,
     OWNER_VALUE,
     POLICY_NAME,
     SAFE_LOAD_ANNOTATION,
 )
+from nicop.api.labels import STATE_LABEL as COMPONENT_LABEL
 from nicop.api.maintenance import READY
 from nicop.api.nodes import labels_of
 from nicop.api.upgrade import (
@@ -71,8 +73,9 @@ from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.node_pods import NodePods
-from nicop.kube.resources import CONTROLLER_REVISION, NODE, POD, Obj
+from nicop.kube.resources import CONTROLLER_REVISION, DAEMONSET, NODE, POD, Obj
 from nicop.kube.resources import NIC_CLUSTER_POLICY as NCP
+from nicop.kube.scheduling import daemon_pod_filter
 from nicop.kube.times import parse, stamp, utcnow
 from nicop.operator import metrics
 from nicop.operator.drain import evictable, max_unavailable, pod_name
@@ -99,6 +102,10 @@ RETRY_BACKOFF = 60.0
 # A restarted driver pod not Ready after this long fails its node (NICOP_UPGRADE_READY_TIMEOUT):
 # past the 20 minutes upstream's startup probe allows for a build.
 READY_TIMEOUT = 1800.0
+# How long a node stays cordoned after its driver is ready, for the components that wait for the
+# driver (device plugins: mofed.wait) to be ready there again; then it is uncordoned anyway,
+# with a Warning naming them.
+COMPONENTS_TIMEOUT = 300.0
 ACTIVE_RECHECK = 1.0
 STEP_CONCURRENCY = 32
 
@@ -247,6 +254,8 @@ class UpgradeController:
         self.driver_pods = manager.informer(POD, namespace, label_selector=DRIVER_LABEL)
         self.revisions = manager.informer(CONTROLLER_REVISION, namespace,
                                           label_selector=DRIVER_LABEL)
+        self.namespace = namespace
+        self.components = manager.informer(DAEMONSET, namespace, label_selector=COMPONENT_LABEL)
         # Workload pods only of nodes waiting for their jobs or draining.
         self.node_pods = NodePods(manager, lambda ev, obj, old: self.controller.queue.add(
             self.KEY))
@@ -284,8 +293,8 @@ class UpgradeController:
         for view in views:
             if view.relabel:
                 await self._relabel(view)
-        await self.node_pods.keep(v.name for v in views
-                                  if v.pool in plans and v.state in (WAIT_FOR_JOBS, DRAIN))
+        await self.node_pods.keep(v.name for v in views if v.pool in plans
+                                  and v.state in (WAIT_FOR_JOBS, DRAIN, UNCORDON))
         # A pool without automatic upgrades: drop its state labels, uncordon what nicop cordoned.
         for view in views:
             if view.pool not in plans and STATE_LABEL in view.labels:
@@ -470,6 +479,8 @@ class UpgradeController:
                 return await self._retry(view)
             return False
         if state == UNCORDON:
+            if not await self._components_back(view):
+                return False
             if view.annotations.get(REQUESTOR_MODE_ANNOTATION) == "true":
                 # The maintenance operator uncordons once no requestor holds the node.
                 await self._release(view)
@@ -481,6 +492,46 @@ class UpgradeController:
             return await self._set(view, DONE, annotations={
                 INITIAL_UNSCHEDULABLE_ANNOTATION: None, REQUESTED_ANNOTATION: None})
         return False
+
+    async def _components_back(self, view: NodeView) -> bool:
+        """Whether the node may take workloads again: every component that waits for the driver
+        (a DaemonSet selecting mofed.wait=false, such as the device plugins) and runs there has
+        a ready pod on it. Uncordoned when the driver alone is ready, the scheduler places pods
+        by the node's last allocatable while the plugins are still coming back, and the kubelet
+        fails them (UnexpectedAdmissionError)."""
+        pods = self.node_pods.pods(view.name)
+        if pods is None:
+            return False  # known once listed; the listing wakes this controller
+        pending = self._components_pending(view, pods)
+        if not pending:
+            return True
+        ready_at = next((c.get("lastTransitionTime") for c in ((view.pod or {}).get(
+            "status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+        if not ready_at or _elapsed(ready_at) < COMPONENTS_TIMEOUT:
+            return False
+        await self.recorder.emit(view.node, "Warning", "ComponentsNotReady",
+                                 f"uncordoned {COMPONENTS_TIMEOUT:.0f}s after its driver was "
+                                 f"ready without a ready pod of {', '.join(pending)}")
+        return True
+
+    def _components_pending(self, view: NodeView, pods: list[Obj]) -> list[str]:
+        """The driver-waiting DaemonSets that place a pod on the node, once its driver is ready,
+        and have no ready pod there yet."""
+        labels = dict(view.labels)
+        if MOFED_WAIT_LABEL in labels:
+            labels[MOFED_WAIT_LABEL] = "false"  # as it is once the driver is seen ready
+        node = {**view.node, "metadata": {**view.node["metadata"], "labels": labels}}
+        ready = {ref.get("uid") for p in pods if p["metadata"].get("namespace") == self.namespace
+                 and _pod_ready(p) for ref in p["metadata"].get("ownerReferences") or []}
+        pending = []
+        for ds in self.components.store.items():
+            spec = ds["spec"]["template"].get("spec") or {}
+            if (spec.get("nodeSelector") or {}).get(MOFED_WAIT_LABEL) != "false" \
+                    or ds["metadata"].get("deletionTimestamp"):
+                continue
+            if ds["metadata"].get("uid") not in ready and daemon_pod_filter(spec)(node):
+                pending.append(f"DaemonSet {ds['metadata']['name']}")
+        return sorted(pending)
 
     async def _start_new(self, views: list[NodeView], plan: Plan) -> bool:
         """Let waiting nodes begin while maxParallelUpgrades and maxUnavailable allow."""
