@@ -502,7 +502,8 @@ class UpgradeController:
         pods = self.node_pods.pods(view.name)
         if pods is None:
             return False  # known once listed; the listing wakes this controller
-        pending = self._components_pending(view, pods)
+        pending = components_pending(view.node, self.components.store.items(), pods,
+                                     self.namespace)
         if not pending:
             return True
         ready_at = next((c.get("lastTransitionTime") for c in ((view.pod or {}).get(
@@ -513,25 +514,6 @@ class UpgradeController:
                                  f"uncordoned {COMPONENTS_TIMEOUT:.0f}s after its driver was "
                                  f"ready without a ready pod of {', '.join(pending)}")
         return True
-
-    def _components_pending(self, view: NodeView, pods: list[Obj]) -> list[str]:
-        """The driver-waiting DaemonSets that place a pod on the node, once its driver is ready,
-        and have no ready pod there yet."""
-        labels = dict(view.labels)
-        if MOFED_WAIT_LABEL in labels:
-            labels[MOFED_WAIT_LABEL] = "false"  # as it is once the driver is seen ready
-        node = {**view.node, "metadata": {**view.node["metadata"], "labels": labels}}
-        ready = {ref.get("uid") for p in pods if p["metadata"].get("namespace") == self.namespace
-                 and _pod_ready(p) for ref in p["metadata"].get("ownerReferences") or []}
-        pending = []
-        for ds in self.components.store.items():
-            spec = ds["spec"]["template"].get("spec") or {}
-            if (spec.get("nodeSelector") or {}).get(MOFED_WAIT_LABEL) != "false" \
-                    or ds["metadata"].get("deletionTimestamp"):
-                continue
-            if ds["metadata"].get("uid") not in ready and daemon_pod_filter(spec)(node):
-                pending.append(f"DaemonSet {ds['metadata']['name']}")
-        return sorted(pending)
 
     async def _start_new(self, views: list[NodeView], plan: Plan) -> bool:
         """Let waiting nodes begin while maxParallelUpgrades and maxUnavailable allow."""
@@ -762,6 +744,27 @@ def maintenance_blocked(nm: Obj) -> str | None:
         return None
     meta = nm["metadata"]
     return f"NodeMaintenance {meta['namespace']}/{meta['name']}: " + ", ".join(refused)
+
+
+def components_pending(node: Obj, daemonsets: list[Obj], pods: list[Obj],
+                       namespace: str) -> list[str]:
+    """The DaemonSets among `daemonsets` that wait for the driver (select mofed.wait=false), place
+    a pod on `node` once its driver is ready, and have no ready pod among its `pods` yet."""
+    labels = dict(labels_of(node))
+    if MOFED_WAIT_LABEL in labels:
+        labels[MOFED_WAIT_LABEL] = "false"  # as it is once the driver is seen ready
+    after = {**node, "metadata": {**node["metadata"], "labels": labels}}
+    ready = {ref.get("uid") for p in pods if p["metadata"].get("namespace") == namespace
+             and _pod_ready(p) for ref in p["metadata"].get("ownerReferences") or []}
+    pending = []
+    for ds in daemonsets:
+        spec = ds["spec"]["template"].get("spec") or {}
+        if (spec.get("nodeSelector") or {}).get(MOFED_WAIT_LABEL) != "false" \
+                or ds["metadata"].get("deletionTimestamp"):
+            continue
+        if ds["metadata"].get("uid") not in ready and daemon_pod_filter(spec)(after):
+            pending.append(f"DaemonSet {ds['metadata']['name']}")
+    return sorted(pending)
 
 
 def _pod_ready(pod: Obj) -> bool:
