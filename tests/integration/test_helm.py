@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,11 @@ from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource
-from lightkube.models.authorization_v1 import ResourceAttributes, SelfSubjectAccessReviewSpec
+from lightkube.models.authorization_v1 import (
+    NonResourceAttributes,
+    ResourceAttributes,
+    SelfSubjectAccessReviewSpec,
+)
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
 from lightkube.resources.coordination_v1 import Lease
@@ -37,6 +42,7 @@ from lightkube.resources.rbac_authorization_v1 import ClusterRole
 from tests.eventually import eventually
 from tests.monitoring import exported_series, selected_metrics
 
+from nicop.kube import request_record
 from nicop.kube.client import FIELD_MANAGER
 from nicop.operator import cni_daemon, sriov_daemons
 from nicop.operator import nodes as node_rules
@@ -380,85 +386,8 @@ def installed(helm: Path, kubectl: Kubectl, client: Client, crds: list[str],
         client.delete(Namespace, namespace)
 
 
-# What the operator's code sends to the API server, as `kubectl auth can-i` arguments: {ns} is
-# the operator's namespace, default stands for any other namespace.
-NAMESPACED_OBJECTS = ("serviceaccounts", "configmaps", "daemonsets.apps", "deployments.apps")
-SRIOV_NETWORK_KINDS = tuple(f"{k}.sriovnetwork.openshift.io" for k in (
-    "sriovnetworks", "sriovibnetworks", "ovsnetworks"))
-NETWORK_KINDS = tuple(f"{k}.mellanox.com" for k in (
-    "macvlannetworks", "hostdevicenetworks", "ipoibnetworks"))
-ALLOWED: tuple[tuple[str, str], ...] = (
-    # operator/policy.py: the policy, managed nodes, driver pods, the state objects
-    *(("policy", f"{v} nicclusterpolicies.mellanox.com") for v in ("get", "list", "watch")),
-    ("policy", "patch nicclusterpolicies.mellanox.com --subresource=status"),
-    ("policy", "update nicclusterpolicies.mellanox.com --subresource=finalizers"),
-    *(("node policies", f"{v} nicnodepolicies.mellanox.com") for v in ("get", "list", "watch")),
-    ("node policies", "patch nicnodepolicies.mellanox.com --subresource=status"),
-    ("node policies", "update nicnodepolicies.mellanox.com --subresource=finalizers"),
-    *(("policy", f"{v} nodes") for v in ("list", "watch", "patch")),
-    *(("policy", f"{v} pods -n {{ns}}") for v in ("list", "watch")),
-    *(("policy", f"{v} {r} -n {{ns}}") for r in NAMESPACED_OBJECTS
-      for v in ("get", "list", "watch", "create", "patch", "delete")),
-    *(("policy", f"{v} {r}.rbac.authorization.k8s.io") for r in ("clusterroles",
-                                                                 "clusterrolebindings")
-      for v in ("list", "watch")),
-    *(("policy", f"{v} {r}.rbac.authorization.k8s.io/{name}") for name in COMPONENT_RBAC
-      for r in ("clusterroles", "clusterrolebindings") for v in ("create", "patch", "delete")),
-    # operator/states/dra_driver.py: the DRA driver's DeviceClasses
-    *(("policy", f"{v} deviceclasses.resource.k8s.io") for v in ("list", "watch")),
-    *(("policy", f"{v} deviceclasses.resource.k8s.io/{name}")
-      for name in ("rdma.nicop.io", "vf.rdma.nicop.io", "shared.rdma.nicop.io")
-      for v in ("create", "patch", "delete")),
-    # operator/sriov.py: a DeviceClass per SR-IOV resourceName while the DRA driver runs (the
-    # chart's admission policy keeps these writes to rdma.nicop.io's names)
-    *(("sriov", f"{v} deviceclasses.resource.k8s.io/mlnx-vf.sriov.rdma.nicop.io")
-      for v in ("create", "patch", "delete")),
-    # kube/events.py: Events on cluster-scoped objects go to default, on pools to {ns}
-    *(("events", f"{v} events -n {n}") for n in ("default", "{ns}") for v in ("create", "patch")),
-    # kube/leader.py
-    *(("leader", f"{v} leases.coordination.k8s.io/{LEASE_NAME} -n {{ns}}")
-      for v in ("get", "update")),
-    ("leader", "create leases.coordination.k8s.io -n {ns}"),
-    # operator/networks.py: network CRs, their status, their NADs in any namespace
-    *(("networks", f"{v} {k}") for k in NETWORK_KINDS for v in ("list", "watch")),
-    *(("networks", f"patch {k} --subresource=status") for k in NETWORK_KINDS),
-    *(("networks", f"update {k} --subresource=finalizers") for k in NETWORK_KINDS),
-    *(("networks", f"{v} network-attachment-definitions.k8s.cni.cncf.io -A")
-      for v in ("list", "watch")),
-    *(("networks", f"{v} network-attachment-definitions.k8s.cni.cncf.io -n default")
-      for v in ("create", "patch", "delete")),
-    # operator/upgrade.py: every pod, driver revisions, evictions anywhere, driver pod restarts
-    *(("upgrade", f"{v} pods -A") for v in ("list", "watch")),
-    *(("upgrade", f"{v} controllerrevisions.apps -n {{ns}}") for v in ("list", "watch")),
-    ("upgrade", "create pods --subresource=eviction -n default"),
-    ("upgrade", "delete pods -n {ns}"),
-    # operator/ipam.py
-    *(("ipam", f"{v} {k}.nv-ipam.nvidia.com -n {{ns}}") for k in ("ippools", "cidrpools")
-      for v in ("list", "watch")),
-    *(("ipam", f"patch {k}.nv-ipam.nvidia.com --subresource=status -n {{ns}}")
-      for k in ("ippools", "cidrpools")),
-    # operator/sriov.py, sriov_drain.py: node policies to node states, in {ns}
-    *(("sriov", f"{v} {k}.sriovnetwork.openshift.io -n {{ns}}") for k in (
-        "sriovnetworknodepolicies", "sriovoperatorconfigs", "sriovnetworkpoolconfigs")
-      for v in ("list", "watch")),
-    ("sriov", "patch sriovnetworknodepolicies.sriovnetwork.openshift.io --subresource=status "
-              "-n {ns}"),
-    *(("sriov", f"{v} sriovnetworknodestates.sriovnetwork.openshift.io -n {{ns}}")
-      for v in ("list", "watch", "create", "patch", "delete")),
-    ("sriov", "update sriovoperatorconfigs.sriovnetwork.openshift.io --subresource=finalizers "
-              "-n {ns}"),
-    # operator/sriov_daemons.py: the default operator config and its Ready condition
-    ("sriov daemons", "create sriovoperatorconfigs.sriovnetwork.openshift.io -n {ns}"),
-    ("sriov daemons", "patch sriovoperatorconfigs.sriovnetwork.openshift.io "
-                      "--subresource=status -n {ns}"),
-    # operator/sriov_networks.py: networks in any namespace, their NADs, their namespaces
-    *(("sriov networks", f"{v} {k} -A") for k in SRIOV_NETWORK_KINDS for v in ("list", "watch")),
-    *(("sriov networks", f"patch {k} {sub}-n default") for k in SRIOV_NETWORK_KINDS
-      for sub in ("", "--subresource=status ")),
-    *(("sriov networks", f"update {k} --subresource=finalizers -n default")
-      for k in SRIOV_NETWORK_KINDS),
-    *(("sriov networks", f"{v} namespaces") for v in ("list", "watch")),
-)
+# What the operator must never be allowed, as `kubectl auth can-i` arguments: {ns} is the
+# operator's namespace. (What it must be allowed is what it did: recorded_requests.)
 DENIED: tuple[tuple[str, str], ...] = (
     *(("secrets", f"{v} secrets -n {n}") for n in ("default", "kube-system", "{ns}")
       for v in ("get", "list", "watch")),
@@ -524,10 +453,52 @@ def can_i(kubectl: Kubectl, who: Installed, rows: tuple[tuple[str, str], ...]) -
     return answers
 
 
-def test_operator_may_do_everything_its_code_does(kubectl: Kubectl,
-                                                  installed: Installed) -> None:
-    refused = [f"{why}: {args}" for why, args, ok in can_i(kubectl, installed, ALLOWED) if not ok]
-    assert not refused, "the chart's RBAC refuses what the operator does:\n" + "\n".join(refused)
+def recorded_requests(namespace: str) -> set[tuple[str, ...]]:
+    """Each kind of request the operators of this session made (NICOP_RECORD_REQUESTS, set by
+    tests/conftest.py), as (verb, group, resource, subresource, namespace, name) or, for a
+    non-resource URL, (verb, path); an operator's own namespace becomes `namespace`."""
+    path = Path(os.environ[request_record.ENV])
+    seen = set()
+    for line in path.read_text().splitlines() if path.exists() else ():
+        r = json.loads(line)
+        if "path" in r:
+            seen.add((r["verb"], r["path"]))
+            continue
+        ns = namespace if r["namespace"] and r["namespace"] == r["ownNamespace"] else r["namespace"]
+        seen.add((r["verb"], r["group"], r["resource"], r["subresource"], ns, r["name"]))
+    return seen
+
+
+@pytest.mark.after_all
+def test_operator_may_do_everything_it_did_in_this_session(installed: Installed) -> None:
+    """Every kind of request that any `nicop operator` of this test session made (each
+    integration test, the demo and the real node run it; this test runs after them all) is
+    allowed to the chart's ServiceAccount, asked by the ServiceAccount itself."""
+    requests = recorded_requests(installed.namespace)
+    if not requests:
+        pytest.skip("no operator ran in this session: the requests to check are recorded by "
+                    "the tests that run one; run the whole suite")
+    client = Client(KubeConfig.from_file(installed.kubeconfig))
+
+    def allowed(request: tuple[str, ...]) -> bool:
+        if len(request) == 2:
+            spec = SelfSubjectAccessReviewSpec(nonResourceAttributes=NonResourceAttributes(
+                verb=request[0], path=request[1]))
+        else:
+            verb, group, resource, subresource, namespace, name = request
+            spec = SelfSubjectAccessReviewSpec(resourceAttributes=ResourceAttributes(
+                verb=verb, group=group, resource=resource, subresource=subresource or None,
+                namespace=namespace or None, name=name or None))
+        review = client.create(SelfSubjectAccessReview(spec=spec))
+        assert review.status is not None
+        return review.status.allowed
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = dict(zip(requests, pool.map(allowed, requests), strict=True))
+    refused = sorted(" ".join(r) for r, ok in answers.items() if not ok)
+    assert not refused, (f"the chart's RBAC refuses {len(refused)} of the {len(requests)} kinds "
+                         "of request the operator made (verb group resource subresource "
+                         "namespace name):\n" + "\n".join(refused))
 
 
 def test_operator_may_not_read_secrets_or_act_beyond_its_job(kubectl: Kubectl,

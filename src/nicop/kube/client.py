@@ -19,6 +19,7 @@ from prometheus_client import Counter
 
 from nicop.kube.http import HttpClient, Response
 from nicop.kube.kubeconfig import Connection, load
+from nicop.kube.request_record import RequestRecord
 from nicop.kube.resources import POD, Obj, Resource, resource_of
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,8 @@ class ApiClient:
                                 self.connection.auth, timeout)
         # (verb, plural) -> count, so tests and benchmarks can count what a reconcile sent.
         self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
+        # Each kind of request, written down for deriving the RBAC needed (request_record).
+        self.record: RequestRecord | None = None
 
     async def close(self) -> None:
         await self._http.close()
@@ -112,6 +115,8 @@ class ApiClient:
         return orjson.loads(resp.body) if resp.body else {}
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> Response:
+        if self.record is not None:
+            self.record.note(method, path, kwargs.get("params"))
         started = time.monotonic()
         try:
             resp = await self._http.request(method, path, **kwargs)
@@ -192,6 +197,8 @@ class ApiClient:
         if field_selector:
             params["fieldSelector"] = field_selector
         self._count("watch", res)
+        if self.record is not None:
+            self.record.note("GET", res.path(namespace), params)
         headers = {"Accept": METADATA_ONLY_WATCH if metadata_only else "application/json"}
         try:
             async with self._http.stream("GET", res.path(namespace), params=params,

@@ -13,6 +13,7 @@ from nicop.kube.client import ApiClient
 from nicop.kube.events import EventRecorder
 from nicop.kube.leader import LeaderElector
 from nicop.kube.manager import Manager
+from nicop.kube.request_record import from_env as request_record_from_env
 from nicop.operator import upgrade
 from nicop.operator.caches import TRANSFORMS
 from nicop.operator.cni_daemon import CniDaemonController
@@ -39,6 +40,7 @@ async def run(
     lease_duration: float = 15.0,
 ) -> None:
     client = ApiClient(kubeconfig)
+    client.record = request_record_from_env(namespace)
     identity = identity or os.environ.get("POD_NAME") or f"{socket.gethostname()}_{os.getpid()}"
     elector = None
     if leader_elect:
