@@ -12,6 +12,7 @@ from tests.unit.test_status import NS, cluster_snapshot
 
 from nicop import diagnose as dg
 from nicop import status
+from nicop.kube.scheduling import tolerates
 
 Obj = dict[str, Any]
 
@@ -290,7 +291,7 @@ def test_scheduler_messages_in_words() -> None:
 ])
 def test_toleration_matching(toleration: Obj, ok: bool) -> None:
     taint = {"key": "example.com/dedicated", "value": "storage", "effect": "NoSchedule"}
-    assert dg.tolerates([toleration], taint) is ok
+    assert tolerates([toleration], taint) is ok
 
 
 # ------------------------------------------------------------------ the report
@@ -492,3 +493,27 @@ def test_the_policy_reads_the_signs_a_cached_node_carries() -> None:
     assert reason is not None and reason.startswith("node node-2 shows a Mellanox NIC")
     assert "kubectl label node node-2 feature.node.kubernetes.io/pci-15b3.present=true" in reason
     assert unmanaged_reason(_bare_node("node-5")) is None
+
+
+# ------------------------------------------------------------------ the registry
+
+
+def test_every_check_is_registered_once_and_the_registry_decides_what_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A check added to the registry runs for its target (a managed node's check gets the node
+    and the policy) and for no other; names are unique per target."""
+    kinds = [(r.applies_to, r.name) for r in dg.REGISTRY]
+    assert len(kinds) == len(set(kinds)), kinds
+    seen: list[tuple[str, str]] = []
+
+    def extra(snap: Obj, node: Obj, policy: Obj) -> list[dg.Check]:
+        seen.append((node["metadata"]["name"], policy["metadata"]["name"]))
+        return [dg.Check(f"node/{node['metadata']['name']}", "extra", "warn", "added")]
+
+    monkeypatch.setattr(dg.check, "REGISTRY",
+                        [*dg.REGISTRY, dg.Registered("extra", "managed node", extra)])
+    checks = checks_of(cluster_snapshot(), "node", "node-1")
+    assert find(checks, "node/node-1", "extra").message == "added"
+    assert seen == [("node-1", "nic-cluster-policy")]
+    assert not [c for c in checks_of(pod_snapshot("bad-rdma"), "pod", "default/bad-rdma")
+                if c.name == "extra"]
