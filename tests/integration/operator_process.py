@@ -84,6 +84,13 @@ class OperatorProcess:
                 counts[m.group(2), m.group(1)] = float(m.group(3))
         return counts
 
+    def requests(self, verb: str, resource: str) -> float:
+        """Requests of one verb on one resource sent so far."""
+        _, text = self.get("/metrics")
+        return sum(float(m.group(3)) for line in text.splitlines()
+                   if (m := METRIC.match(line)) and m.group(1) == resource
+                   and m.group(2) == verb)
+
     def reconciles(self, controller: str) -> float:
         """Reconciles the controller has finished (either result): evidence it had its chance."""
         _, text = self.get("/metrics")

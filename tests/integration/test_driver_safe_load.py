@@ -43,13 +43,14 @@ def test_safe_load_blocks_until_the_annotation_is_removed(
         try:
             cfg = DriverConfig(version=NEW, node_name=NODE, safe_load=True,
                                validation_timeout=10, poll_interval=0.1)
-            agent = DriverAgent(cfg, host, backend, SafeLoad(api, NODE, poll_interval=0.2))
+            safe_load = SafeLoad(api, NODE, poll_interval=0.2)
+            agent = DriverAgent(cfg, host, backend, safe_load)
             stop = asyncio.Event()
             task = asyncio.create_task(agent.run(stop))
             await until(lambda: SAFE_LOAD_ANNOTATION in annotations(client), 20,
                         "the safe-load annotation on the node", blocking=True)
             assert annotations(client)[SAFE_LOAD_ANNOTATION] == "true"
-            await asyncio.sleep(1.5)  # several polls: still waiting, nothing unloaded
+            await until(lambda: safe_load.polls >= 5, 30, "five polls of the node")
             assert not task.done()
             assert kernel.installed_version() == NEW  # installed while the node kept working
             assert backend.commands == []

@@ -309,7 +309,13 @@ def test_turning_auto_upgrade_off_stops_and_cleans_up(
     bumped["spec"]["ofedDriver"]["upgradePolicy"]["autoUpgrade"] = False
     bclient.apply(NicClusterPolicy(**bumped), field_manager="test", force=True)
     eventually(lambda: set(states(bclient).values()) == {None}, 60, "upgrade labels removed")
-    time.sleep(3)
+    # Evidence the rollout had its chance to go on: the upgrade reconciles the policy (touched
+    # here, spec unchanged) once more after the labels went, and still starts no node.
+    reconciled = op.reconciles("ofed-upgrade")
+    bumped["metadata"]["annotations"] = {"touched": "yes"}
+    bclient.apply(NicClusterPolicy(**bumped), field_manager="test", force=True)
+    eventually(lambda: op.reconciles("ofed-upgrade") > reconciled, 30,
+               "the upgrade reconciled after the change")
     assert set(states(bclient).values()) == {None}, "no node starts after autoUpgrade is off"
     assert not any(n.spec.unschedulable for n in bclient.list(Node)), "nothing left cordoned"
 

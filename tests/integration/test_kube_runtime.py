@@ -148,7 +148,9 @@ def test_leader_election_hands_over_when_the_leader_stops_renewing(
         await first.acquire()
         keeping = asyncio.create_task(first.keep())
         waiting = asyncio.create_task(second.acquire())
-        await asyncio.sleep(2.5)
+        # Evidence it had its chance: tries spread over more than one lease duration.
+        await until(lambda: second.attempts > timing["lease_duration"] / timing["retry_period"]
+                    + 2, 30, "the second candidate to try over a whole lease duration")
         assert not waiting.done(), "a second candidate must wait while the leader renews"
         keeping.cancel()  # the leader dies without releasing
         start = asyncio.get_running_loop().time()
@@ -178,7 +180,9 @@ def test_leader_election_ignores_clock_skew_between_replicas(
         await first.acquire()
         keeping = asyncio.create_task(first.keep())
         waiting = asyncio.create_task(second.acquire())
-        await asyncio.sleep(3 * timing["lease_duration"])
+        # Evidence it had its chance: tries spread over three lease durations.
+        await until(lambda: second.attempts > 3 * timing["lease_duration"]
+                    / timing["retry_period"], 60, "the standby to try over three lease durations")
         assert not waiting.done() and not keeping.done(), "two leaders at once"
         keeping.cancel()  # the leader dies without releasing
         start = asyncio.get_running_loop().time()

@@ -131,8 +131,11 @@ def test_second_replica_takes_over_when_the_leader_dies(
 
     standby = OperatorProcess(kubeconfig, NAMESPACE, tmp_path / "standby.log")
     try:
-        time.sleep(3)
-        assert standby.get("/readyz")[0] == 200, "a standby is ready to take over"
+        eventually(lambda: standby.get("/readyz")[0] == 200, 30, "the standby ready")
+        # Evidence it had its chance: more tries for the lease (one each 0.53 s) than fit in
+        # one lease duration (4 s) while the leader renews.
+        eventually(lambda: standby.requests("get", "leases") >= 10, 30,
+                   "the standby to try for the lease ten times")
         assert not standby.leading(), "a standby waits for the lease"
         holder = client.get(Lease, "12620820.mellanox.com", namespace=NAMESPACE).spec.holderIdentity
         assert holder.endswith(f"_{operator.proc.pid}")

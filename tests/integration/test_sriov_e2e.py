@@ -94,6 +94,7 @@ class Rig:
     stale_state_delay: float = 600.0
     plugin_poll: float = 0.3
     sim: dict[str, SimNode] = field(default_factory=dict)
+    daemons: dict[str, SriovConfigDaemon] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _clients: list[ApiClient] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -114,6 +115,7 @@ class Rig:
             options = replace(self.daemon, node_name=name, namespace=self.namespace,
                               store_dir="/etc/sriov-operator/pci")
             daemon = SriovConfigDaemon(self._client(), node.host, options)
+            self.daemons[name] = daemon
             self._tasks.append(asyncio.create_task(daemon.run(self._stop)))
             node.kubelet = Kubelet(node.host.path(DEVICE_PLUGIN_PATH), node_name=name,
                                    kubeconfig=self.kubeconfig)
@@ -301,7 +303,9 @@ def test_policy_creates_vfs_that_a_pod_gets_scheduled_on(
                     break
                 assert time.monotonic() < deadline, "the node state never stopped changing"
                 rv = latest
-            await asyncio.sleep(3)  # more than one resync of the daemon
+            passes = rig.daemons[NODE_NAME].passes
+            await until(lambda: rig.daemons[NODE_NAME].passes >= passes + 2, 30,
+                        "two more passes of the daemon (resyncs)")
             assert await version() == rv
             assert host.read(f"/sys/bus/pci/devices/{PCI0}/sriov_numvfs") == before
 

@@ -53,6 +53,7 @@ class LeaderElector:
         # The record as last seen, and when (monotonic) it was first seen so.
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
+        self.attempts = 0  # tries to take or renew the lease so far
 
     async def acquire(self) -> None:
         """Wait until this candidate holds the lease; an API server that does not answer is
@@ -92,6 +93,7 @@ class LeaderElector:
 
     async def _attempt(self) -> bool:
         """One try to take or renew the lease; `reachable` says whether the API server answered."""
+        self.attempts += 1
         try:
             ok = await self._try_acquire_or_renew()
         except (ApiError, OSError) as e:

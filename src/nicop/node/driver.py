@@ -404,6 +404,7 @@ class SafeLoad:
         self.annotation = annotation
         self.poll_interval = poll_interval
         self.report_every = report_every
+        self.polls = 0  # reads of the node while waiting
 
     async def _annotations(self) -> dict[str, str]:
         obj = await self.client.get(NODE, self.node)
@@ -433,6 +434,7 @@ class SafeLoad:
                 await asyncio.wait_for(stop.wait(), self.poll_interval)
             if stop.is_set():
                 raise Stopped
+            self.polls += 1
             try:
                 annotations = await self._annotations()
             except Exception as e:  # the API server may be restarting: keep waiting

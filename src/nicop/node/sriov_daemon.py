@@ -536,6 +536,7 @@ class SriovConfigDaemon:
         self._applied_generation: int | None = None
         self._rebooting: str | None = None  # spec hash a reboot was asked for
         self._node_annotated = False
+        self.passes = 0  # sync passes finished: what "it had its chance" is counted in
         self.about = logs.about(NODE_STATE.kind, options.node_name, ns)
 
     # ------------------------------------------------------------------ loop
@@ -561,6 +562,7 @@ class SriovConfigDaemon:
                 except Exception:  # a bug must not stop the node's configuration for good
                     log.exception("sync failed; retrying", extra=self.about)
                     delay = self.opts.resync_interval
+                self.passes += 1
                 await self._wait(delay, stop)
         finally:
             readiness.clear()
