@@ -19,7 +19,7 @@ from nicop.operator.caches import trim_node, trim_pod
 from nicop.operator.drain import evictable, refusal
 from nicop.operator.nodes import container_ready
 from nicop.operator.sriov_drain import uses_resource
-from nicop.operator.upgrade import NodeView, _pod_ready
+from nicop.operator.upgrade import NodeView, _pod_ready, devices_missing, devices_of
 
 MANAGED_FIELDS = [{"manager": "kube-controller-manager", "operation": "Update",
                    "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:phase": {}}}}]
@@ -60,7 +60,8 @@ def node() -> dict[str, Any]:
         "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                    "lastHeartbeatTime": "2026-01-01T00:00:00Z"}],
                    "images": [{"names": ["a"], "sizeBytes": 1}],
-                   "nodeInfo": {"kernelVersion": "6.8.0"}, "allocatable": {"cpu": "8"}},
+                   "nodeInfo": {"kernelVersion": "6.8.0"},
+                   "allocatable": {"cpu": "8", "nvidia.com/cx6dx_vf": "4"}},
     }
 
 
@@ -118,6 +119,8 @@ def node_variants() -> list[dict[str, Any]]:
         lambda n: n["spec"].update(taints=[], unschedulable=True),
         lambda n: n["status"]["conditions"][0].update(status="False"),
         lambda n: n["metadata"]["labels"].pop("feature.node.kubernetes.io/pci-15b3.present"),
+        lambda n: n["metadata"]["annotations"].update({
+            "nicop.io/ofed-driver-upgrade-allocatable": '{"nvidia.com/cx6dx_vf": 8}'}),
     )
 
 
@@ -136,7 +139,7 @@ def test_every_node_rule_decides_the_same_on_the_trimmed_node(whole: dict[str, A
     for template in templates:
         fits = daemon_pod_filter(template)
         assert fits(trimmed) == fits(whole)
-    for rule in (is_managed, unmanaged_reason,
+    for rule in (is_managed, unmanaged_reason, devices_of, devices_missing,
                  lambda n: (NodeView(n, None, True).not_ready,
                             NodeView(n, None, True).unschedulable,
                             NodeView(n, None, True).annotations, NodeView(n, None, True).state)):

@@ -1,13 +1,15 @@
-"""Which components keep a node cordoned after its driver reload: the DaemonSets that wait for
-the driver (nodeSelector mofed.wait=false, as the operator renders the device plugins) and
-place a pod on the node, until that pod is ready there."""
+"""What keeps a node cordoned after its driver reload: the DaemonSets that wait for the driver
+(nodeSelector mofed.wait=false, as the operator renders the device plugins) and place a pod on
+the node, until that pod is ready there; and its device resources, until they are as
+allocatable as before the reload."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from nicop.api.labels import MELLANOX_LABEL, MOFED_WAIT_LABEL
-from nicop.operator.upgrade import components_pending
+from nicop.api.upgrade import ALLOCATABLE_ANNOTATION
+from nicop.operator.upgrade import components_pending, devices_missing, devices_of
 
 NS = "nvidia-network-operator"
 
@@ -53,3 +55,34 @@ def test_components_that_do_not_run_on_the_node_are_not_waited_for() -> None:
     unmanaged = node(**{MELLANOX_LABEL: "true"})  # no mofed.wait: plugins never run there
     assert components_pending(NIC_NODE, [other_nic, MULTUS], [], NS) == []
     assert components_pending(unmanaged, [PLUGIN], [], NS) == []
+
+
+def reloaded(before: str | None, allocatable: dict[str, str]) -> dict[str, Any]:
+    """A node after its reload, with the devices noted before it (the annotation's JSON)."""
+    annotations = {} if before is None else {ALLOCATABLE_ANNOTATION: before}
+    return {"metadata": {"name": "node-1", "annotations": annotations},
+            "status": {"allocatable": {"cpu": "64", "memory": "512Gi", **allocatable}}}
+
+
+def test_devices_are_the_extended_resources_as_counts() -> None:
+    node = reloaded(None, {"nvidia.com/cx6dx_vf": "8", "rdma/rdma_shared": "1k"})
+    assert devices_of(node) == {"nvidia.com/cx6dx_vf": 8, "rdma/rdma_shared": 1000}
+
+
+def test_vfs_still_unhealthy_after_the_reload_keep_the_node_until_they_are_back() -> None:
+    """The SR-IOV device plugin's pod stays through a reload, but it reports its VFs unhealthy
+    while their PF's link is down: the kubelet's allocatable says so."""
+    before = '{"nvidia.com/cx6dx_vf": 8, "rdma/rdma_shared": 10}'
+    assert devices_missing(reloaded(before, {"nvidia.com/cx6dx_vf": "0",
+                                             "rdma/rdma_shared": "10"})) == [
+        "nvidia.com/cx6dx_vf (0 of 8 allocatable)"]
+    assert devices_missing(reloaded(before, {"rdma/rdma_shared": "10"})) == [
+        "nvidia.com/cx6dx_vf (0 of 8 allocatable)"]
+    assert devices_missing(reloaded(before, {"nvidia.com/cx6dx_vf": "8",
+                                             "rdma/rdma_shared": "10"})) == []
+
+
+def test_without_a_note_or_with_a_broken_one_nothing_is_waited_for() -> None:
+    assert devices_missing(reloaded(None, {})) == []
+    assert devices_missing(reloaded("not json", {})) == []
+    assert devices_missing(reloaded("{}", {})) == []

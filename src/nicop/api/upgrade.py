@@ -28,6 +28,9 @@ ATTEMPTS_ANNOTATION = "nicop.io/ofed-driver-upgrade-attempts"
 RETRY_AT_ANNOTATION = "nicop.io/ofed-driver-upgrade-retry-at"
 FAILED_IN_ANNOTATION = "nicop.io/ofed-driver-upgrade-failed-in"
 RETRY_ANNOTATIONS = (ATTEMPTS_ANNOTATION, RETRY_AT_ANNOTATION, FAILED_IN_ANNOTATION)
+# The node's device resources (extended resources) allocatable before its driver reload, as
+# JSON {"resource": count}: the node is uncordoned once they are allocatable again.
+ALLOCATABLE_ANNOTATION = "nicop.io/ofed-driver-upgrade-allocatable"
 # Written by the driver agent: why it does not reload the driver now (nicop.node.preflight), a
 # line per cause: "<cause>; fix: <fix>".
 PREFLIGHT_ANNOTATION = "nicop.io/ofed-driver-preflight"

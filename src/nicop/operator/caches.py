@@ -41,13 +41,16 @@ def trim_pod(pod: Obj) -> Obj:
 
 def trim_node(node: Obj) -> Obj:
     """Nodes: labels and annotations (selectors, upgrade and drain state), spec (taints,
-    unschedulable) and the type and status of each condition (Ready); no images, addresses,
-    capacities or heartbeat times."""
+    unschedulable), the type and status of each condition (Ready) and the allocatable device
+    resources (extended resources: the upgrade waits for them after a reload); no images,
+    addresses, CPU or memory, or heartbeat times."""
+    status = node.get("status") or {}
     conditions = [{"type": c.get("type"), "status": c.get("status")}
-                  for c in (node.get("status") or {}).get("conditions") or []]
+                  for c in status.get("conditions") or []]
+    devices = {k: v for k, v in (status.get("allocatable") or {}).items() if "/" in k}
     return {"apiVersion": node.get("apiVersion"), "kind": node.get("kind"),
             "metadata": _metadata(node), "spec": node.get("spec") or {},
-            "status": {"conditions": conditions}}
+            "status": {"conditions": conditions, "allocatable": devices}}
 
 
 TRANSFORMS: dict[Resource, Transform] = {POD: trim_pod, NODE: trim_node}

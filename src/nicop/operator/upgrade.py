@@ -16,6 +16,7 @@ NicNodePolicy's, with slots counted within the pool.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from nicop.api.labels import STATE_LABEL as COMPONENT_LABEL
 from nicop.api.maintenance import READY
 from nicop.api.nodes import labels_of
 from nicop.api.upgrade import (
+    ALLOCATABLE_ANNOTATION,
     ATTEMPTS_ANNOTATION,
     CORDON,
     DONE,
@@ -73,7 +75,7 @@ from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.node_pods import NodePods
-from nicop.kube.resources import CONTROLLER_REVISION, DAEMONSET, NODE, POD, Obj
+from nicop.kube.resources import CONTROLLER_REVISION, DAEMONSET, NODE, POD, Obj, quantity
 from nicop.kube.resources import NIC_CLUSTER_POLICY as NCP
 from nicop.kube.scheduling import daemon_pod_filter
 from nicop.kube.times import parse, stamp, utcnow
@@ -271,10 +273,13 @@ class UpgradeController:
             manager, requestor, lambda: self.controller.queue.add(self.KEY))
 
     def _node_changed(self, event: str, node: Obj, old: Obj | None) -> None:
-        """The upgrade's labels and annotations and the node's spec matter; the rest (mofed.wait
-        on every node, annotations the cluster's own controllers keep renewing) does not."""
+        """The upgrade's labels and annotations and the node's spec matter, and the allocatable
+        devices of a node waiting to be uncordoned; the rest (mofed.wait on every node,
+        annotations the cluster's own controllers keep renewing) does not."""
         if old is None or event == "DELETED" or _upgrade_marks(node) != _upgrade_marks(old) \
-                or node.get("spec") != old.get("spec"):
+                or node.get("spec") != old.get("spec") \
+                or (labels_of(node).get(STATE_LABEL) == UNCORDON
+                    and devices_of(node) != devices_of(old)):
             self.controller.queue.add(self.KEY)
 
     def _driver_pod_changed(self, event: str, pod: Obj, old: Obj | None) -> None:
@@ -496,14 +501,16 @@ class UpgradeController:
     async def _components_back(self, view: NodeView) -> bool:
         """Whether the node may take workloads again: every component that waits for the driver
         (a DaemonSet selecting mofed.wait=false, such as the device plugins) and runs there has
-        a ready pod on it. Uncordoned when the driver alone is ready, the scheduler places pods
-        by the node's last allocatable while the plugins are still coming back, and the kubelet
+        a ready pod on it, and its device resources are as allocatable as before the reload (a
+        plugin whose pod stayed, such as the SR-IOV one, reports its VFs unhealthy while the
+        links are down). Uncordoned when the driver alone is ready, the scheduler places pods
+        by the node's last allocatable while the devices are still coming back, and the kubelet
         fails them (UnexpectedAdmissionError)."""
         pods = self.node_pods.pods(view.name)
         if pods is None:
             return False  # known once listed; the listing wakes this controller
-        pending = components_pending(view.node, self.components.store.items(), pods,
-                                     self.namespace)
+        pending = [*components_pending(view.node, self.components.store.items(), pods,
+                                       self.namespace), *devices_missing(view.node)]
         if not pending:
             return True
         ready_at = next((c.get("lastTransitionTime") for c in ((view.pod or {}).get(
@@ -512,7 +519,7 @@ class UpgradeController:
             return False
         await self.recorder.emit(view.node, "Warning", "ComponentsNotReady",
                                  f"uncordoned {COMPONENTS_TIMEOUT:.0f}s after its driver was "
-                                 f"ready without a ready pod of {', '.join(pending)}")
+                                 f"ready, still waiting for {', '.join(pending)}")
         return True
 
     async def _start_new(self, views: list[NodeView], plan: Plan) -> bool:
@@ -594,11 +601,13 @@ class UpgradeController:
         assert pod is not None
         if not view.in_sync:
             if not pod["metadata"].get("deletionTimestamp"):
+                await self._note_devices(view)
                 await self.client.delete(POD, pod["metadata"]["name"],
                                          pod["metadata"]["namespace"])
                 return True
             return False
         if view.annotations.get(SAFE_LOAD_ANNOTATION):
+            await self._note_devices(view)
             await self._patch(view, annotations={SAFE_LOAD_ANNOTATION: None})
             return True
         if _pod_ready(pod):
@@ -616,6 +625,13 @@ class UpgradeController:
                                     f"{self.ready_timeout:.0f}s"
                                     + (f"; its agent holds the reload: {held}" if held else ""))
         return False
+
+    async def _note_devices(self, view: NodeView) -> None:
+        """Before the driver reloads: the node's allocatable devices, to wait for after it (the
+        first note stays through retries: it is the node before any reload)."""
+        if ALLOCATABLE_ANNOTATION not in view.annotations:
+            await self._patch(view, annotations={
+                ALLOCATABLE_ANNOTATION: json.dumps(devices_of(view.node), sort_keys=True)})
 
     async def _fail(self, view: NodeView, reason: str) -> bool:
         """upgrade-failed, with the attempt counted and the next retry due after a back-off
@@ -657,7 +673,8 @@ class UpgradeController:
         log.info("%s -> %s", view.state or "unknown", state, extra=logs.about("Node", view.name))
         annotations = dict(annotations or {})
         if state == DONE:  # a success: attempts count anew
-            annotations.update({k: None for k in (*RETRY_ANNOTATIONS, FAILURE_ANNOTATION)
+            annotations.update({k: None for k in (*RETRY_ANNOTATIONS, FAILURE_ANNOTATION,
+                                                  ALLOCATABLE_ANNOTATION)
                                 if k in view.annotations})
         await self._patch(view, labels={STATE_LABEL: state}, annotations=annotations)
         TRANSITIONS.labels(state).inc()
@@ -715,7 +732,8 @@ class UpgradeController:
         await self._patch(view, labels={STATE_LABEL: None}, spec=spec, annotations={
             k: None for k in (INITIAL_UNSCHEDULABLE_ANNOTATION, WAIT_START_ANNOTATION,
                               DRAIN_START_ANNOTATION, DRAIN_BLOCKED_ANNOTATION,
-                              FAILURE_ANNOTATION, REQUESTOR_MODE_ANNOTATION, *RETRY_ANNOTATIONS)
+                              FAILURE_ANNOTATION, REQUESTOR_MODE_ANNOTATION,
+                              ALLOCATABLE_ANNOTATION, *RETRY_ANNOTATIONS)
             if k in annotations})
 
 
@@ -724,7 +742,7 @@ UPGRADE_LABELS = (STATE_LABEL, SKIP_LABEL, DRAIN_SKIP_LABEL)
 UPGRADE_ANNOTATIONS = (SAFE_LOAD_ANNOTATION, REQUESTED_ANNOTATION, LEGACY_STATE_ANNOTATION,
                        INITIAL_UNSCHEDULABLE_ANNOTATION, WAIT_START_ANNOTATION,
                        DRAIN_START_ANNOTATION, DRAIN_BLOCKED_ANNOTATION, FAILURE_ANNOTATION,
-                       REQUESTOR_MODE_ANNOTATION, *RETRY_ANNOTATIONS)
+                       REQUESTOR_MODE_ANNOTATION, ALLOCATABLE_ANNOTATION, *RETRY_ANNOTATIONS)
 
 
 def _upgrade_marks(node: Obj) -> tuple[str | None, ...]:
@@ -765,6 +783,26 @@ def components_pending(node: Obj, daemonsets: list[Obj], pods: list[Obj],
         if ds["metadata"].get("uid") not in ready and daemon_pod_filter(spec)(after):
             pending.append(f"DaemonSet {ds['metadata']['name']}")
     return sorted(pending)
+
+
+def devices_of(node: Obj) -> dict[str, int]:
+    """The node's allocatable extended resources (devices: nvidia.com/..., rdma/...), by name."""
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    return {k: quantity(v) for k, v in allocatable.items() if "/" in k}
+
+
+def devices_missing(node: Obj) -> list[str]:
+    """The device resources that are less allocatable on the node than before its driver
+    reload (ALLOCATABLE_ANNOTATION), as "<resource> (<now> of <before> allocatable)"."""
+    noted = ((node.get("metadata") or {}).get("annotations") or {}).get(ALLOCATABLE_ANNOTATION)
+    try:
+        before = json.loads(noted) if noted else {}
+    except ValueError:
+        return []  # written by nicop; a hand-edited value does not hold the node
+    now = devices_of(node)
+    return [f"{name} ({now.get(name, 0)} of {count} allocatable)"
+            for name, count in sorted(before.items())
+            if isinstance(count, int) and now.get(name, 0) < count]
 
 
 def _pod_ready(pod: Obj) -> bool:
