@@ -64,20 +64,21 @@ CERT_DIRS = {"ubuntu": "/usr/local/share/ca-certificates",
              "rhel": "/etc/pki/ca-trust/extracted/pem", "sles": "/etc/ssl"}
 REPO_DIRS = {"ubuntu": "/etc/apt/sources.list.d", "rhcos": "/etc/yum.repos.d",
              "rhel": "/etc/yum.repos.d", "sles": "/etc/zypp/repos.d"}
-# (volume, host path, mount path, hostPath type), in upstream's order.
-HOST_MOUNTS = (
-    ("run-mlnx-ofed", "/run/mellanox/drivers", "/run/mellanox/drivers", None),
-    ("etc-network", "/etc/network", "/etc/network", None),
-    ("host-etc", "/etc", "/host/etc", None),
-    ("host-usr", "/usr", "/host/usr", None),
-    ("host-udev", "/lib/udev", "/host/lib/udev", None),
-    ("host-run-udev", "/run/udev", "/run/udev", None),
-    ("host-lib-modules", "/lib/modules", "/host/lib/modules", None),
+# (volume, host path, mount path, hostPath type, mount options), in upstream's order.
+HOST_MOUNTS: tuple[tuple[str, str, str, str | None, Obj], ...] = (
+    ("run-mlnx-ofed", "/run/mellanox/drivers", "/run/mellanox/drivers", None,
+     {"mountPropagation": "Bidirectional"}),
+    ("etc-network", "/etc/network", "/etc/network", None, {}),
+    ("host-etc", "/etc", "/host/etc", None, {}),
+    ("host-usr", "/usr", "/host/usr", None, {}),
+    ("host-udev", "/lib/udev", "/host/lib/udev", None, {}),
+    ("host-run-udev", "/run/udev", "/run/udev", None, {"readOnly": True}),
+    ("host-lib-modules", "/lib/modules", "/host/lib/modules", None, {}),
     ("drivers-inventory", "/var/opt/mofed-container/inventory", "/mnt/drivers-inventory",
-     "DirectoryOrCreate"),
+     "DirectoryOrCreate", {}),
     ("host-ib-core", "/etc/modprobe.d/ib_core.conf", "/etc/modprobe.d/ib_core.conf",
-     "FileOrCreate"),
-    ("dev-infiniband", "/dev/infiniband", "/dev/infiniband", "DirectoryOrCreate"),
+     "FileOrCreate", {}),
+    ("dev-infiniband", "/dev/infiniband", "/dev/infiniband", "DirectoryOrCreate", {}),
 )
 INIT_MOUNTS = (("host-proc", "/proc", "/host/proc"), ("host-sys", "/sys", "/host/sys"))
 
@@ -171,12 +172,10 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
         objects.append(config_map(ctx, INIT_CONFIG_MAP, {"config.json": init_config(spec)}))
     for (os_id, os_version, kernel), nodes in grouped.items():
         volumes, mounts = [], []
-        for name, host, mount, type_ in HOST_MOUNTS:
+        for name, host, mount, type_, options in HOST_MOUNTS:
             volume, volume_mount = host_path(name, host, mount, type_=type_)
             volumes.append(volume)
-            mounts.append(volume_mount)
-        mounts[0]["mountPropagation"] = "Bidirectional"
-        mounts[5]["readOnly"] = True  # /run/udev
+            mounts.append({**volume_mount, **options})
         for field, dirs, volume_name in (("certConfig", CERT_DIRS, "cert-config"),
                                          ("repoConfig", REPO_DIRS, "repo-config")):
             ref = (spec.get(field) or {}).get("name")
