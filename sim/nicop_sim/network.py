@@ -28,7 +28,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from nicop.cni.multus import Selection, SelectionError, network_status, parse_selections
+from nicop.api.networks_annotation import Selection, SelectionError, parse_selections
+from nicop.cni.multus import network_status
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.events import EventRecorder
 from nicop.kube.informer import Informer

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from nicop.api.networks_annotation import normalize_mac
 from nicop.cni import shim, spec
 from nicop.cni.daemon import CniDaemon, DaemonOptions
-from nicop.cni.plugin import normalize_mac
 from nicop_sim.hardware import SimulatedHost
 from nicop_sim.pf import RecordingRdmaControl, RecordingVfControl
 

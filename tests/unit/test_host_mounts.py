@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nicop.cni.multus import Selection
+from nicop.api.networks_annotation import Selection
 from nicop.node.host import MOUNTS_ENV, Host, Mounts
 from nicop.node.readiness import Readiness, probe
 from nicop_sim.network import selections

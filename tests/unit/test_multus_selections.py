@@ -17,13 +17,8 @@ import json
 
 import pytest
 
-from nicop.cni.multus import (
-    Selection,
-    SelectionError,
-    delegate_config,
-    network_status,
-    parse_selections,
-)
+from nicop.api.networks_annotation import Selection, SelectionError, parse_selections
+from nicop.cni.multus import delegate_config, network_status
 
 BAD = {
     "can't have more than 2 items separated by \"/\"": "root@someIP/root@someOtherIP/root@thirdIP",

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from nicop.api.networks_annotation import normalize_mac
 from nicop.cni.ipam import Ipam
 from nicop.cni.netlink import Netns
 from nicop.cni.rdma import RdmaControl
@@ -16,9 +16,6 @@ from nicop.node.host import Host
 
 # The forms Go's net.ParseMAC (which the upstream plugins use) accepts: 6-byte MAC, 8-byte
 # EUI-64 or 20-byte IPoIB address, bytes separated by ':' or '-', or 4-digit groups by '.'.
-MAC_LENGTHS = (6, 8, 20)
-MAC_BYTES = re.compile(r"^[0-9a-fA-F]{2}(?:([:-])[0-9a-fA-F]{2})(?:\1[0-9a-fA-F]{2})*$")
-MAC_DOTTED = re.compile(r"^[0-9a-fA-F]{4}(?:\.[0-9a-fA-F]{4})*$")
 
 
 @dataclass
@@ -57,19 +54,6 @@ def valid_attachments(req: Request) -> set[tuple[str, str]]:
     """GC's `cni.dev/valid-attachments` as (containerID, ifname) pairs."""
     return {(str(a.get("containerID")), str(a.get("ifname")))
             for a in req.config.get("cni.dev/valid-attachments") or [] if isinstance(a, dict)}
-
-
-def normalize_mac(value: str) -> str | None:
-    """`value` in netlink's form (lowercase, ':'-separated), or None if Go would refuse it."""
-    if MAC_BYTES.match(value):
-        digits = value.replace(":", "").replace("-", "")
-    elif MAC_DOTTED.match(value):
-        digits = value.replace(".", "")
-    else:
-        return None
-    if len(digits) // 2 not in MAC_LENGTHS:
-        return None
-    return ":".join(digits[i:i + 2] for i in range(0, len(digits), 2)).lower()
 
 
 def parse_mac(field_name: str, value: object) -> str | None:

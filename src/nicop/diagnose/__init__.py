@@ -17,11 +17,11 @@ from nicop.diagnose import cluster, node, pod  # noqa: F401
 from nicop.diagnose.check import REGISTRY, Check, Registered, Snapshot, Target, checks_for
 from nicop.diagnose.collect import collect
 from nicop.diagnose.node import node_checks
-from nicop.diagnose.pod import NetworksError, explain_event, parse_networks, pod_checks
+from nicop.diagnose.pod import explain_event, pod_checks
 from nicop.diagnose.render import as_lines, failed, render, report
 
-__all__ = ["REGISTRY", "Check", "NetworksError", "Registered", "Snapshot", "Target", "as_lines",
-           "collect", "diagnose", "explain_event", "failed", "parse_networks", "render", "report"]
+__all__ = ["REGISTRY", "Check", "Registered", "Snapshot", "Target", "as_lines", "collect",
+           "diagnose", "explain_event", "failed", "render", "report"]
 
 
 def diagnose(snap: Snapshot, target: Target) -> list[Check]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 
 from nicop import claims
@@ -12,50 +11,13 @@ from nicop.api.labels import (
     NETWORKS_ANNOTATION,
     RESOURCE_NAME_ANNOTATION,
 )
+from nicop.api.networks_annotation import SelectionError, parse_selections
 from nicop.diagnose.check import Check, Snapshot, checks_for, registered
 from nicop.diagnose.node import node_of
 from nicop.kube.resources import (
     Obj,
     quantity,
 )
-
-
-class NetworksError(ValueError):
-    """The networks annotation cannot be read."""
-
-
-def parse_networks(value: str, default_namespace: str) -> list[Obj]:
-    """The networks a pod asks Multus for: `name`, `ns/name`, `name@ifname` separated by
-    commas, or a JSON list of {name, namespace, interface}."""
-    text = value.strip()
-    if not text:
-        return []
-    out = []
-    if text.startswith("["):
-        try:
-            items = json.loads(text)
-        except ValueError as e:
-            raise NetworksError(f"not valid JSON: {e}") from None
-        if not isinstance(items, list):
-            raise NetworksError("the JSON form must be a list of objects")
-        for i, item in enumerate(items):
-            if not isinstance(item, dict) or not item.get("name"):
-                raise NetworksError(f"item {i} has no name")
-            out.append({"namespace": item.get("namespace") or default_namespace,
-                        "name": str(item["name"]), "interface": item.get("interface")})
-        return out
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        interface = None
-        if "@" in part:
-            part, interface = part.rsplit("@", 1)
-        namespace, _, name = part.rpartition("/")
-        if not name:
-            raise NetworksError(f"{part!r} names no network")
-        out.append({"namespace": namespace or default_namespace, "name": name,
-                    "interface": interface})
-    return out
 
 
 def _requested(pod: Obj, resource: str) -> int:
@@ -173,8 +135,8 @@ def network_checks(snap: Snapshot, pod: Obj, subject: str) -> tuple[set[str], li
     if annotation is None:
         return set(), []
     try:
-        networks = parse_networks(str(annotation), str(meta.get("namespace")))
-    except NetworksError as e:
+        networks = parse_selections(str(annotation), str(meta.get("namespace")))
+    except SelectionError as e:
         return set(), [Check(
             subject, "networks", "fail",
             f"the {NETWORKS_ANNOTATION} annotation cannot be read: {e}",
@@ -185,17 +147,17 @@ def network_checks(snap: Snapshot, pod: Obj, subject: str) -> tuple[set[str], li
     resources: set[str] = set()
     checks = []
     for net in networks:
-        ref = f"{net['namespace']}/{net['name']}"
-        nad = nads.get((net["namespace"], net["name"]))
+        ref = f"{net.namespace}/{net.name}"
+        nad = nads.get((net.namespace, net.name))
         if nad is None:
-            elsewhere = sorted(f"{ns}/{n}" for ns, n in nads if n == net["name"])
+            elsewhere = sorted(f"{ns}/{n}" for ns, n in nads if n == net.name)
             if elsewhere:
                 fix = (f"name the one that exists ({', '.join(elsewhere)}) in the annotation, or "
-                       f"create the network in namespace {net['namespace']}")
+                       f"create the network in namespace {net.namespace}")
             else:
                 fix = (f"create it: a HostDeviceNetwork, MacvlanNetwork or IPoIBNetwork "
-                       f"(mellanox.com) or a SriovNetwork named {net['name']} with "
-                       f"networkNamespace {net['namespace']}; kubectl get "
+                       f"(mellanox.com) or a SriovNetwork named {net.name} with "
+                       f"networkNamespace {net.namespace}; kubectl get "
                        "network-attachment-definitions -A lists the ones that exist")
             checks.append(Check(
                 subject, f"network {ref}", "fail",
