@@ -237,8 +237,9 @@ class Soak:
         drivers = [p for p in self.client.list(Pod, namespace=NAMESPACE)
                    if p.metadata.name.startswith("mofed-")]
         states = {(n.metadata.labels or {}).get(UPGRADE_STATE) for n in self.client.list(Node)}
+        # The version is in the image's tag, or (nicop's driver agent) NVIDIA_NIC_DRIVER_VER.
         return (len(drivers) == NODES and states == {"upgrade-done"}
-                and all(version in (p.spec.containers[0].image or "") for p in drivers))
+                and all(version in json.dumps(p.spec.containers[0].to_dict()) for p in drivers))
 
     def operator_caught_up(self) -> bool:
         """The operator reconciled the policy after this was first asked: it reads the API."""
