@@ -93,7 +93,11 @@ def device_plugin(
         if account is None:
             account = name
             objects.append(service_account(ctx, name))
-        objects += cluster_rbac(ctx, account, [EVENTS_RULE])
+        if not ctx.node_policy:
+            # A NicNodePolicy's names carry its hash, which RBAC cannot name ahead of time (the
+            # chart lets the operator write only its components' fixed ClusterRole names):
+            # the plugins of a node policy report to their log, not in Events.
+            objects += cluster_rbac(ctx, account, [EVENTS_RULE])
         node_selector.update(LINUX)
     else:
         extra = {"command": command} if command else {}
