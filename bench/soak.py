@@ -179,7 +179,8 @@ class Soak:
             rss = self.op.rss_mib("VmRSS")
         except OSError:
             return  # between lives
-        self.findings.memory.setdefault(pid, []).append(rss)
+        if rss > 0:  # a killed operator not yet reaped has no resident size to read
+            self.findings.memory.setdefault(pid, []).append(rss)
 
     # ------------------------------------------------------------------ faults
     def inject(self, kind: str) -> tuple[str, Callable[[], bool]]:
