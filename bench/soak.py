@@ -7,9 +7,10 @@ roce-vlan100 network of examples/demo/sriov.yaml). A Deployment keeps `--replica
 with a VF on that network and a shared RDMA device. Then, until `--minutes` are up, one fault
 at a time, picked at random: the operator killed (SIGKILL) and started again, the API server
 restarted, an agent killed, a node stand-in (the kubelet's part) restarted, a PF's link flapped,
-the driver version changed (a rolling upgrade), workload pods deleted. After each fault the
-run waits until the policy is ready and every workload pod is Running with its VF and address
-again (the recovery time). Meanwhile, every second:
+the driver version changed (a rolling upgrade), workload pods deleted, a fifth node joined (fresh
+hardware: its agents, VFs and address block must come) or drained and removed (its address block
+must be freed). After each fault the run waits until the policy is ready and every workload pod
+is Running with its VF and address again (the recovery time). Meanwhile, every second:
 
 - no address is given to two pods at once;
 - no more nodes are cordoned than maxParallelUpgrades;
@@ -20,6 +21,7 @@ At the end the Deployment is scaled to 0: no node may still hold an address; the
 every pod must get a VF and an address again (none leaked). Prints the faults by kind with
 their longest recovery and each invariant's result; exits 1 when an invariant broke.
 Run as root from the repository root: .venv/bin/python -m bench.soak --minutes 60
+(`--faults node-join-leave,link-flap` injects only those kinds).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apps_v1 import DaemonSet, Deployment
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
@@ -48,10 +51,11 @@ from lightkube.types import PatchType
 from bench.bench_pod_burst import NETWORK_STATUS, held_addresses, started
 from bench.bench_pod_start import RDMA, VF
 from bench.common import NCP, Operator, cluster_with_operator
-from nicop_sim.hardware import SimulatedHost
+from nicop_sim.hardware import PROFILES, SimulatedHost
 
 ROOT = Path(__file__).resolve().parents[1]
 NODES = 4
+EXTRA_NODE = f"node-{NODES + 1}"  # joins and leaves
 NAMESPACE = "nvidia-network-operator"
 MAX_PARALLEL = 2  # the demo policy's maxParallelUpgrades
 VFS_PER_NODE = 8  # 4 on each port of a ConnectX-6 Dx (examples/demo/sriov.yaml)
@@ -61,8 +65,9 @@ STATUS_GRACE = 30.0  # how long the policy may say ready while a DaemonSet is no
 DRIVERS = ("26.07-0.7.0.0", "26.07-1.0.0.0")
 FAULTS = {  # kind -> weight
     "operator-kill": 3, "apiserver-restart": 2, "agent-kill": 4, "standin-restart": 2,
-    "link-flap": 3, "driver-upgrade": 1, "pod-churn": 4,
+    "link-flap": 3, "driver-upgrade": 1, "pod-churn": 4, "node-join-leave": 2,
 }
+IPPool = create_namespaced_resource("nv-ipam.nvidia.com", "v1alpha1", "IPPool", "ippools")
 
 
 @dataclass
@@ -220,7 +225,7 @@ class Soak:
                     lambda: (self.client.get(Node, node).status.allocatable or {}).get(VF)
                     == str(VFS_PER_NODE))
         if kind == "driver-upgrade":
-            current = self.client.get(NCP, "nic-cluster-policy")["spec"]["ofedDriver"]["version"]
+            current = self.driver()
             target = DRIVERS[1] if current == DRIVERS[0] else DRIVERS[0]
             self.client.patch(NCP, "nic-cluster-policy",
                               {"spec": {"ofedDriver": {"version": target}}},
@@ -232,14 +237,45 @@ class Soak:
             for pod in victims:
                 self.client.delete(Pod, pod.metadata.name, namespace="default")
             return f"{len(victims)} workload pods deleted", lambda: True
+        if kind == "node-join-leave":
+            if any(n.metadata.name == EXTRA_NODE for n in self.client.list(Node)):
+                return self.leave(EXTRA_NODE)
+            self.cluster.join_node(EXTRA_NODE, PROFILES["cx6dx"], die_with_parent=True)
+            return (f"{EXTRA_NODE} joined",
+                    lambda: (self.client.get(Node, EXTRA_NODE).status.allocatable or {}).get(VF)
+                    == str(VFS_PER_NODE) and EXTRA_NODE in self.blocks()
+                    and self.rolled_out(self.driver()))
         raise ValueError(kind)
+
+    def leave(self, node: str) -> tuple[str, Callable[[], bool]]:
+        """Drain the node as an administrator would (cordon, delete its workload pods and wait
+        until they are gone, so their addresses are given back), then remove it."""
+        self.client.patch(Node, node, {"spec": {"unschedulable": True}},
+                          patch_type=PatchType.MERGE, field_manager="soak")
+        for pod in pods(self.client):
+            if pod.spec.nodeName == node:
+                self.client.delete(Pod, pod.metadata.name, namespace="default")
+        wait(f"{node} drained", lambda: not [p for p in self.client.list(
+            Pod, namespace="default", labels={"app": "soak"}) if p.spec.nodeName == node],
+            RECOVERY_TIMEOUT)
+        self.cluster.remove_node(node)
+        return f"{node} drained and removed", lambda: node not in self.blocks()
+
+    def blocks(self) -> set[str]:
+        """The nodes that hold a block of the workload's address pool."""
+        pool = self.client.get(IPPool, "rdma-pool", namespace=NAMESPACE)
+        return {a["nodeName"] for a in (pool.get("status") or {}).get("allocations") or []}
+
+    def driver(self) -> str:
+        return str(self.client.get(NCP, "nic-cluster-policy")["spec"]["ofedDriver"]["version"])
 
     def rolled_out(self, version: str) -> bool:
         drivers = [p for p in self.client.list(Pod, namespace=NAMESPACE)
                    if p.metadata.name.startswith("mofed-")]
-        states = {(n.metadata.labels or {}).get(UPGRADE_STATE) for n in self.client.list(Node)}
+        nodes = list(self.client.list(Node))
+        states = {(n.metadata.labels or {}).get(UPGRADE_STATE) for n in nodes}
         # The version is in the image's tag, or (nicop's driver agent) NVIDIA_NIC_DRIVER_VER.
-        return (len(drivers) == NODES and states == {"upgrade-done"}
+        return (len(drivers) == len(nodes) and states == {"upgrade-done"}
                 and all(version in json.dumps(p.spec.containers[0].to_dict()) for p in drivers))
 
     def operator_caught_up(self) -> bool:
@@ -252,11 +288,11 @@ class Soak:
                               patch_type=PatchType.MERGE, field_manager="soak")
         return self.op.reconciles().get("nicclusterpolicy", (0, 0.0))[0] > self.tick_seen
 
-    def run(self, minutes: float) -> None:
+    def run(self, minutes: float, faults: dict[str, int]) -> None:
         monitor = threading.Thread(target=self.monitor, daemon=True)
         monitor.start()
         deadline = time.monotonic() + minutes * 60
-        kinds, weights = zip(*FAULTS.items(), strict=True)
+        kinds, weights = zip(*faults.items(), strict=True)
         n = 0
         while time.monotonic() < deadline:
             kind = self.rng.choices(kinds, weights)[0]
@@ -335,7 +371,12 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=60)
     parser.add_argument("--replicas", type=int, default=12)
     parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument("--faults", default=",".join(FAULTS),
+                        help="the kinds of fault to inject, comma-separated")
     args = parser.parse_args()
+    chosen = args.faults.split(",")
+    if unknown := sorted(set(chosen) - set(FAULTS)):
+        parser.error(f"unknown fault {', '.join(unknown)}; known: {', '.join(FAULTS)}")
     print(f"soak for {args.minutes:g} minutes, seed {args.seed}", flush=True)
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp, cluster_with_operator(
             Path(tmp), NODES, ["cx6dx"], node_agents=True) as op:
@@ -353,7 +394,7 @@ def main() -> None:
               flush=True)
         soak = Soak(op, Path(tmp), args.replicas, random.Random(args.seed))
         try:
-            soak.run(args.minutes)
+            soak.run(args.minutes, {k: FAULTS[k] for k in chosen})
         finally:
             soak.stop.set()
             soak.op.stop()

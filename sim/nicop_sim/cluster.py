@@ -14,6 +14,7 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -34,6 +35,22 @@ import yaml
 from nicop_sim import hardware, namespaces, realnode
 from nicop_sim.pki import CertificateAuthority, KeyPair, service_account_keys
 
+# The audit log holds who wrote what (a user agent names the nicop command: a test asks whether
+# `nicop plan` wrote anything); the nodes' own heartbeats and kwok's pod status are left out.
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+omitManagedFields: true
+rules:
+- level: None
+  resources:
+  - {group: coordination.k8s.io, resources: [leases]}
+  - {group: "", resources: [events, nodes/status, pods/status]}
+  - {group: events.k8s.io, resources: [events]}
+- level: Metadata
+  verbs: [create, update, patch, delete, deletecollection]
+"""
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 HOST = "127.0.0.1"
 SERVICE_CIDR = "10.96.0.0/16"
@@ -186,6 +203,7 @@ class LocalCluster:
         self.pki_dir = self.state_dir / "pki"
         self.log_dir = self.state_dir / "logs"
         self.state_file = self.state_dir / "state.json"
+        self.audit_log = self.log_dir / "audit.log"
         self.kubeconfig = self.state_dir / "kubeconfig"
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._admin_tls: ssl.SSLContext | None = None
@@ -506,6 +524,8 @@ class LocalCluster:
 
         t = time.monotonic()
         admin = pki["admin"]
+        audit_policy = self.state_dir / "audit-policy.yaml"
+        audit_policy.write_text(AUDIT_POLICY)
         apiserver = self._spawn(
             state,
             "kube-apiserver",
@@ -530,6 +550,10 @@ class LocalCluster:
                 f"--cert-dir={self.pki_dir}",
                 # A real node's kubelet is reached at its address (its name resolves nowhere).
                 "--kubelet-preferred-address-types=InternalIP,Hostname",
+                f"--audit-policy-file={audit_policy}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-maxsize=200",
+                "--audit-log-maxbackup=1",
             ],
             die_with_parent,
         )
@@ -609,14 +633,7 @@ class LocalCluster:
         return Client(config=KubeConfig.from_file(self.kubeconfig), field_manager="nicop")
 
     def _create_nodes(self, profiles: list[hardware.Profile], progress: Progress) -> list[str]:
-        nodes = []
-        for i, profile in enumerate(profiles, start=1):
-            name = f"node-{i}"
-            nodes.append({"metadata": {
-                "name": name,
-                "labels": {"kubernetes.io/hostname": name, "type": "kwok",
-                           "node-role.kubernetes.io/worker": "", **profile.node_labels()},
-                "annotations": {hardware.PROFILE_ANNOTATION: profile.name}}})
+        nodes = [standin_node(f"node-{i}", profile) for i, profile in enumerate(profiles, 1)]
         names = self.add_nodes(nodes, progress)
         if any(p.gpus for p in profiles):
             self._install_gpu_device_class(self.client())
@@ -655,6 +672,33 @@ class LocalCluster:
             time.sleep(0.2)
         progress(f"{len(names)} nodes Ready ({time.monotonic() - t:.1f}s)")
         return names
+
+    def join_node(self, name: str, profile: hardware.Profile, die_with_parent: bool = False,
+                  progress: Progress = lambda _: None) -> None:
+        """A new node joins the running cluster: its Node object and its stand-in, which
+        builds fresh hardware from the profile (as a newly installed machine)."""
+        self.add_nodes([standin_node(name, profile)], progress)
+        self.start_node_agents([name], die_with_parent, progress)
+
+    def remove_node(self, name: str) -> None:
+        """A node leaves for good: its stand-in stops (its pods' processes and network
+        namespace with it), its Node object is deleted, its filesystem and pods' directory
+        removed. Drain it first, as an administrator would."""
+        from lightkube.core.exceptions import ApiError
+        from lightkube.resources.core_v1 import Node
+
+        state = self.state()
+        proc = state.processes.pop(f"{name}/sim-node", None)
+        if proc is not None:
+            self._stop(proc)
+            state.save(self.state_file)
+        try:
+            self.client().delete(Node, name)
+        except ApiError as e:
+            if e.status.code != 404:
+                raise
+        for folder in (self.state_dir / "n" / name, self.state_dir / "p" / name):
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _install_gpu_device_class(self, client: Any) -> None:
         """What the NVIDIA GPU DRA driver's chart installs beside the driver that the plugin
@@ -848,6 +892,16 @@ def running_cluster(
         yield cluster
     finally:
         cluster.down()
+
+
+def standin_node(name: str, profile: hardware.Profile) -> dict[str, Any]:
+    """The Node of a stand-in: kwok's, labelled as NFD would label its hardware, the profile
+    named for the stand-in to build it."""
+    return {"metadata": {
+        "name": name,
+        "labels": {"kubernetes.io/hostname": name, "type": "kwok",
+                   "node-role.kubernetes.io/worker": "", **profile.node_labels()},
+        "annotations": {hardware.PROFILE_ANNOTATION: profile.name}}}
 
 
 def _node_ready(node: Any) -> bool:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -31,6 +32,19 @@ def nicop_plan(kubeconfig: Path, policy_file: Path, namespace: str, *args: str
         [str(Path(sys.executable).parent / "nicop"), "plan", "-f", str(policy_file),
          "--kubeconfig", str(kubeconfig), "-n", namespace, *args],
         capture_output=True, text=True, timeout=120)
+
+
+def audited_writes(audit_log: Path, command: str) -> tuple[list[str], list[str]]:
+    """What the API server's audit log holds of `nicop COMMAND`'s writes (its User-Agent names
+    the command): the writes, and the dry runs, each as "VERB URI"."""
+    writes: list[str] = []
+    dry_runs: list[str] = []
+    for line in audit_log.read_text().splitlines():
+        event = json.loads(line)
+        if event.get("userAgent", "").endswith(f" ({command})"):
+            uri = event["requestURI"]
+            (dry_runs if "dryRun=All" in uri else writes).append(f"{event['verb']} {uri}")
+    return writes, dry_runs
 
 
 class OperatorProcess:

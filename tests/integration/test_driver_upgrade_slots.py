@@ -31,7 +31,12 @@ from tests.integration.driver_upgrades import (
     upgrade_operator,
     wait_running,
 )
-from tests.integration.operator_process import NAMESPACE, OperatorProcess, nicop_plan
+from tests.integration.operator_process import (
+    NAMESPACE,
+    OperatorProcess,
+    audited_writes,
+    nicop_plan,
+)
 from tests.integration.watching import Watch
 
 from nicop_sim.cluster import LocalCluster
@@ -131,8 +136,9 @@ def test_a_failed_node_keeps_its_slot_so_at_most_3_nodes_are_ever_cordoned(
     Before it, `nicop plan` of a label change says nothing is disruptive (exit 0), of a value
     the CRD's validation refuses says so (exit 1), and of the new version lists the batches
     (3, then 2 at a time: BLOCKED keeps its slot), names BLOCKED's pod and its
-    PodDisruptionBudget, exits 2, and writes nothing: its client sent only reads and dry runs,
-    and the policy's spec, generation and labels are unchanged (the operator writes its status
+    PodDisruptionBudget, exits 2, and writes nothing: the API server's audit log holds only dry
+    runs from `nicop plan` (its User-Agent), its client counted only reads and dry runs, and the
+    policy's spec, generation and labels are unchanged (the operator writes its status
     meanwhile). The rollout then starts the nodes in exactly the planned order."""
     workloads(client)
     client.apply(NicClusterPolicy(**policy(OLD)), field_manager="test", force=True)
@@ -160,6 +166,10 @@ def test_a_failed_node_keeps_its_slot_so_at_most_3_nodes_are_ever_cordoned(
     plan = json.loads(planned.stdout)
     Draft202012Validator(PLAN_SCHEMA).validate(plan)
     assert plan["requests"]["writes"] == 0 and plan["requests"]["dryRuns"] == 1, plan["requests"]
+    # Three plans ran, each with one dry run; the API server logs a request once answered.
+    eventually(lambda: len(audited_writes(slots[0].audit_log, "plan")[1]) == 3, 10,
+               "the three plans' dry runs in the audit log")
+    assert audited_writes(slots[0].audit_log, "plan")[0] == []
     after = client.get(NicClusterPolicy, "nic-cluster-policy")
     assert after.metadata.generation == before.generation and not after.metadata.labels
     assert after.spec["ofedDriver"]["version"] == OLD

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -12,11 +13,23 @@ from rich.console import Console
 if TYPE_CHECKING:
     from nicop.platform import HostPlatform
 
+COMMAND_ENV = "NICOP_COMMAND"
+
 app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="nicop: RDMA and SR-IOV networking for Kubernetes.",
 )
+
+
+
+@app.callback()
+def _name_the_command(ctx: typer.Context) -> None:
+    """nicop: RDMA and SR-IOV networking for Kubernetes."""
+    # The API requests' User-Agent names the command (nicop.kube.http.user_agent), so an audit
+    # log tells `nicop plan` from the operator; a nicop child process names its own.
+    os.environ[COMMAND_ENV] = ctx.invoked_subcommand or ""
+
 
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)

@@ -11,6 +11,7 @@ agent memory. The API server needs only this much of HTTP.
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
 import time
 import urllib.parse
@@ -20,13 +21,23 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
-USER_AGENT = "nicop"  # how the API server's audit log names nicop's requests
+from nicop import __version__
+
 MAX_IDLE = 32  # keep-alive connections kept for reuse (a rollout steps 32 nodes at once)
 LARGE_WRITE = 1 << 16  # bytes: a request body this large waits for the socket to drain
 # asyncio gives every TLS connection a 256 KiB read buffer; with a watch per kind and the
 # requests of a rollout in flight that was 30 MiB of the operator's memory (bench_upgrade).
 # 64 KiB reads are as fast for the API server's answers.
 TLS_READ_BUFFER = 1 << 16
+
+
+def user_agent() -> str:
+    """nicop/VERSION (COMMAND): how the API server's audit log names nicop's requests, the
+    command as the CLI named it in $NICOP_COMMAND (a user's `nicop plan` is not the operator)."""
+    command = os.environ.get("NICOP_COMMAND")
+    return f"nicop/{__version__}" + (f" ({command})" if command else "")
+
+
 if getattr(sslproto.SSLProtocol, "max_size", 0) > TLS_READ_BUFFER:
     sslproto.SSLProtocol.max_size = TLS_READ_BUFFER
 
@@ -172,7 +183,7 @@ class HttpClient:
     async def _head(self, method: str, target: str, body: bytes | None,
                     headers: dict[str, str] | None) -> bytes:
         lines = [f"{method} {target} HTTP/1.1", f"Host: {self._host_header}",
-                 f"User-Agent: {USER_AGENT}"]
+                 f"User-Agent: {user_agent()}"]
         if self.credentials is not None:
             lines.append(f"Authorization: {await self.credentials.authorization()}")
         lines.extend(f"{k}: {v}" for k, v in (headers or {}).items())
