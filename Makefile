@@ -49,8 +49,13 @@ demo: $(INSTALLED) controlplane
 
 # The real node's tests need the runtime and nicop's image (as root; built once, cached); the
 # bundle report's test needs a browser.
+# Line coverage of the test process (slipcover: a fraction of coverage.py's cost), printed per
+# package, with a floor (tests/coverage_floor.py); generated protobuf modules left out.
 test: $(INSTALLED) controlplane runtime image helm promtool browser lint
-	$(PY) -m pytest
+	@mkdir -p test-artifacts
+	$(PY) -m slipcover --source src/nicop,sim/nicop_sim --omit '*_pb2.py,*_pb2_grpc.py' \
+		--json --out test-artifacts/coverage.json -m pytest
+	$(PY) tests/coverage_floor.py test-artifacts/coverage.json
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check src sim tests bench

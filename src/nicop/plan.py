@@ -32,6 +32,12 @@ from nicop.api.labels import (
     POLICY_NAME,
     REVISION_ANNOTATION,
 )
+from nicop.api.mellanox import (
+    DrainSpec,
+    DriverUpgradePolicySpec,
+    WaitForCompletionSpec,
+    driver_upgrade_policy,
+)
 from nicop.api.nodes import is_managed, labels_of
 from nicop.api.upgrade import (
     DONE,
@@ -413,12 +419,12 @@ def driver_rollouts(old: dict[tuple[str, str], tuple[State, Obj]],
         if before is not None and what_runs(before[1]["spec"]["template"]) == what_runs(
                 ds["spec"]["template"]):
             continue
-        upgrade = ((policy.get("spec") or {}).get("ofedDriver") or {}).get("upgradePolicy") or {}
-        drain = upgrade.get("drain") or {}
+        # The policy as the API server stored it (its dry run): valid for the model too.
+        upgrade = driver_upgrade_policy(policy)
         rollout = DriverRollout(
-            f"{policy['kind']} {policy['metadata']['name']}", key_of(ds),
-            bool(upgrade.get("autoUpgrade")), int(upgrade.get("maxParallelUpgrades", 1)),
-            upgrade.get("maxUnavailable"), bool(drain.get("enable", True)))
+            f"{policy['kind']} {policy['metadata']['name']}", key_of(ds), upgrade.auto_upgrade,
+            upgrade.max_parallel_upgrades, upgrade.max_unavailable,
+            (upgrade.drain or DrainSpec()).enable)
         pods = {p["spec"].get("nodeName"): p for p in cluster.pods
                 if p["metadata"].get("namespace") == namespace
                 and DRIVER_LABEL in labels_of(p)
@@ -434,11 +440,11 @@ def driver_rollouts(old: dict[tuple[str, str], tuple[State, Obj]],
 
 
 def plan_reloads(rollout: DriverRollout, nodes: list[Obj], pods: dict[str, Obj],
-                 cluster: Cluster, upgrade: Obj) -> None:
+                 cluster: Cluster, upgrade: DriverUpgradePolicySpec) -> None:
     """Each node's drain, and the batches the upgrade controller would start them in."""
     by_node = cluster.pods_on()
-    wait = upgrade.get("waitForCompletion") or {}
-    drain = upgrade.get("drain") or {}
+    waits_for = (upgrade.wait_for_completion or WaitForCompletionSpec()).pod_selector
+    drain = upgrade.drain or DrainSpec()
     reloads = {}
     for node in nodes:
         name = node["metadata"]["name"]
@@ -447,16 +453,16 @@ def plan_reloads(rollout: DriverRollout, nodes: list[Obj], pods: dict[str, Obj],
         if preflight:
             reload.preflight = preflight
         on_node = by_node.get(name, [])
-        if wait.get("podSelector"):
+        if waits_for:
             reload.waits_for = [pod_name(p) for p in on_node if selectors.matches_string(
-                wait["podSelector"], labels_of(p)) and (p.get("status") or {}).get("phase")
+                waits_for, labels_of(p)) and (p.get("status") or {}).get("phase")
                 not in ("Succeeded", "Failed")]
         if rollout.drain:
             reload.evicts, reload.blocked, reload.refused = drain_of(
-                [p for p in on_node if evictable(p, drain.get("podSelector") or "")],
+                [p for p in on_node if evictable(p, drain.pod_selector or "")],
                 cluster.budgets, drain)
             if reload.blocked:
-                timeout = int(drain.get("timeoutSeconds", 300) or 0)
+                timeout = drain.timeout_seconds
                 reload.waiting = (f"the drain fails after {timeout} s and the node keeps its "
                                   "slot, cordoned, until its driver is Ready" if timeout
                                   else "the drain has no timeout: the node waits, cordoned")
@@ -478,7 +484,7 @@ def plan_reloads(rollout: DriverRollout, nodes: list[Obj], pods: dict[str, Obj],
             reloads[name].batch = number
 
 
-def drain_of(pods: list[Obj], budgets: list[Obj], drain: Obj | None
+def drain_of(pods: list[Obj], budgets: list[Obj], drain: DrainSpec | None
              ) -> tuple[list[str], list[str], str | None]:
     """What a drain of these pods meets: the pods evicted, those a PodDisruptionBudget keeps
     (with the budget), and a pod `kubectl drain` would refuse under the driver's `drain`
@@ -489,7 +495,8 @@ def drain_of(pods: list[Obj], budgets: list[Obj], drain: Obj | None
     evicts: list[str] = []
     blocked: list[str] = []
     for pod in pods:
-        if drain is not None and (why := refusal(pod, drain, DRAIN_FIELD)):
+        if drain is not None and (why := refusal(pod, drain.force, drain.delete_empty_dir,
+                                                 DRAIN_FIELD)):
             return evicts, blocked, f"pod {pod_name(pod)} {why}"
         budget = _budget_of(pod, budgets)
         if budget is not None and left[key_of(budget)] <= 0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from nicop.api.mellanox import DriverUpgradePolicySpec
 from nicop.operator.drain import scaled
 from nicop.operator.maintenance import drainable
 from nicop.operator.maintenance_requestor import (
@@ -52,15 +53,20 @@ def test_the_upgrade_policy_becomes_the_maintenance_spec() -> None:
     """drain and waitForCompletion carried over as k8s-operator-libs converts them
     (convertV1Alpha1ToMaintenance); the drain-skip label keeps the operator's own pod; a
     disabled drain asks for none, where upstream would still drain."""
-    spec = maintenance_spec({"drain": {"enable": True, "force": True, "podSelector": "app=x",
-                                       "timeoutSeconds": 90, "deleteEmptyDir": True},
-                             "waitForCompletion": {"podSelector": "job=train",
-                                                   "timeoutSeconds": 600}})
+    spec = maintenance_spec(DriverUpgradePolicySpec.model_validate({
+        "drain": {"enable": True, "force": True, "podSelector": "app=x", "timeoutSeconds": 90,
+                  "deleteEmptyDir": True},
+        "waitForCompletion": {"podSelector": "job=train", "timeoutSeconds": 600}}))
     assert spec == {
         "drainSpec": {"force": True, "timeoutSeconds": 90, "deleteEmptyDir": True,
                       "podSelector": "app=x,nvidia.com/ofed-driver-upgrade-drain.skip!=true"},
         "waitForPodCompletion": {"podSelector": "job=train", "timeoutSeconds": 600}}
-    assert maintenance_spec({"drain": {"enable": False}}) == {}
+    assert maintenance_spec(DriverUpgradePolicySpec.model_validate(
+        {"drain": {"enable": False}, "waitForCompletion": {}})) == {}
+    # Unset, the drain is on with upstream's 300 s.
+    assert maintenance_spec(DriverUpgradePolicySpec()) == {"drainSpec": {
+        "force": False, "timeoutSeconds": 300, "deleteEmptyDir": False,
+        "podSelector": "nvidia.com/ofed-driver-upgrade-drain.skip!=true"}}
 
 
 def test_requestor_mode_is_read_from_upstreams_variables() -> None:

@@ -96,12 +96,11 @@ def pod_variants() -> list[dict[str, Any]]:
 @pytest.mark.parametrize("whole", pod_variants())
 def test_every_pod_rule_decides_the_same_on_the_trimmed_pod(whole: dict[str, Any]) -> None:
     trimmed = trim_pod(copy.deepcopy(whole))
-    drain = {"force": False, "deleteEmptyDir": False}
     for rule in (
         lambda p: evictable(p, ""),
         lambda p: evictable(p, "nvidia.com/training-job=a"),
-        lambda p: refusal(p, drain, "ofedDriver.upgradePolicy.drain"),
-        lambda p: refusal(p, {"force": True, "deleteEmptyDir": True}, "drainSpec"),
+        lambda p: refusal(p, False, False, "ofedDriver.upgradePolicy.drain"),
+        lambda p: refusal(p, True, True, "drainSpec"),
         lambda p: uses_resource(p, "nvidia.com"),
         _pod_ready,
         lambda p: container_ready(p, "app"),

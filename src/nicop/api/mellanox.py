@@ -175,6 +175,14 @@ class DriverUpgradePolicySpec(ApiModel):
     """Cordon and drain the node before the driver is loaded (needs autoUpgrade)."""
 
 
+def driver_upgrade_policy(policy: dict[str, Any]) -> DriverUpgradePolicySpec:
+    """A NicClusterPolicy's or NicNodePolicy's spec.ofedDriver.upgradePolicy as its model,
+    defaults applied (unset: no automatic upgrade). Raises pydantic's ValidationError for a
+    value the CRD's schema refuses."""
+    raw = ((policy.get("spec") or {}).get("ofedDriver") or {}).get("upgradePolicy") or {}
+    return DriverUpgradePolicySpec.model_validate(raw)
+
+
 class OFEDDriverSpec(ImageSpec):
     """The DOCA-OFED driver container."""
 

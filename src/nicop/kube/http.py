@@ -19,9 +19,9 @@ from asyncio import sslproto
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import cache
+from importlib import metadata
 from typing import Protocol
-
-from nicop import __version__
 
 MAX_IDLE = 32  # keep-alive connections kept for reuse (a rollout steps 32 nodes at once)
 LARGE_WRITE = 1 << 16  # bytes: a request body this large waits for the socket to drain
@@ -31,11 +31,12 @@ LARGE_WRITE = 1 << 16  # bytes: a request body this large waits for the socket t
 TLS_READ_BUFFER = 1 << 16
 
 
+@cache
 def user_agent() -> str:
     """nicop/VERSION (COMMAND): how the API server's audit log names nicop's requests, the
     command as the CLI named it in $NICOP_COMMAND (a user's `nicop plan` is not the operator)."""
     command = os.environ.get("NICOP_COMMAND")
-    return f"nicop/{__version__}" + (f" ({command})" if command else "")
+    return f"nicop/{metadata.version('nicop')}" + (f" ({command})" if command else "")
 
 
 if getattr(sslproto.SSLProtocol, "max_size", 0) > TLS_READ_BUFFER:

@@ -54,13 +54,13 @@ def requests_matching(pod: Obj, filters: list[str]) -> bool:
     return any(re.search(f, name) for f in filters for name in requested)
 
 
-def refusal(pod: Obj, drain: Obj, field: str) -> str | None:
+def refusal(pod: Obj, force: bool, delete_empty_dir: bool, field: str) -> str | None:
     """Why `kubectl drain` would refuse this pod with these settings, naming the setting under
     `field` that allows it."""
-    if not pod["metadata"].get("ownerReferences") and not drain.get("force"):
+    if not pod["metadata"].get("ownerReferences") and not force:
         return f"is not managed by a controller; set {field}.force"
     volumes = (pod.get("spec") or {}).get("volumes") or []
-    if any("emptyDir" in v for v in volumes) and not drain.get("deleteEmptyDir"):
+    if any("emptyDir" in v for v in volumes) and not delete_empty_dir:
         return f"uses emptyDir storage; set {field}.deleteEmptyDir"
     return None
 

@@ -224,7 +224,8 @@ class MaintenanceController:
             waiting.append(pod_name(pod))
             if pod["metadata"].get("deletionTimestamp"):
                 continue
-            refusal = drain_refusal(pod, drain, "drainSpec")
+            refusal = drain_refusal(pod, bool(drain.get("force")),
+                                    bool(drain.get("deleteEmptyDir")), "drainSpec")
             if refusal:
                 waiting[-1] += f" ({refusal})"
                 continue

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from nicop import logs
 from nicop.api import maintenance as m
 from nicop.api.labels import OWNER_VALUE
+from nicop.api.mellanox import DrainSpec, DriverUpgradePolicySpec
 from nicop.api.upgrade import DRAIN_SKIP_LABEL
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.manager import Manager
@@ -65,19 +66,18 @@ class RequestorOptions:
                    or env.get("MAINTENANCE_OPERATOR_NODE_MAINTENANCE_PREFIX") or DEFAULT_PREFIX)
 
 
-def maintenance_spec(upgrade_policy: Obj) -> Obj:
+def maintenance_spec(upgrade_policy: DriverUpgradePolicySpec) -> Obj:
     """The upgradePolicy's drain and wait settings as a NodeMaintenance asks for them. The
     driver upgrade's drain-skip label keeps its pods (the operator's) where they are."""
     spec: Obj = {}
-    drain = upgrade_policy.get("drain") or {}
-    if drain.get("enable", True):
-        spec["drainSpec"] = drain_spec(drain.get("podSelector"), bool(drain.get("force")),
-                                       int(drain.get("timeoutSeconds", 300)),
-                                       bool(drain.get("deleteEmptyDir")))
-    wait = upgrade_policy.get("waitForCompletion")
-    if wait:
-        spec["waitForPodCompletion"] = {"podSelector": wait.get("podSelector") or "",
-                                        "timeoutSeconds": int(wait.get("timeoutSeconds") or 0)}
+    drain = upgrade_policy.drain or DrainSpec()
+    if drain.enable:
+        spec["drainSpec"] = drain_spec(drain.pod_selector, drain.force, drain.timeout_seconds,
+                                       drain.delete_empty_dir)
+    wait = upgrade_policy.wait_for_completion
+    if wait is not None and wait.model_fields_set:  # `waitForCompletion: {}` asks for nothing
+        spec["waitForPodCompletion"] = {"podSelector": wait.pod_selector or "",
+                                        "timeoutSeconds": wait.timeout_seconds}
     return spec
 
 

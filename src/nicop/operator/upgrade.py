@@ -24,6 +24,7 @@ from datetime import timedelta
 from typing import Any
 
 from prometheus_client import Counter
+from pydantic import ValidationError
 
 from nicop import logs
 from nicop.api.labels import (
@@ -36,6 +37,12 @@ from nicop.api.labels import (
 )
 from nicop.api.labels import STATE_LABEL as COMPONENT_LABEL
 from nicop.api.maintenance import READY
+from nicop.api.mellanox import (
+    DrainSpec,
+    DriverUpgradePolicySpec,
+    WaitForCompletionSpec,
+    driver_upgrade_policy,
+)
 from nicop.api.nodes import labels_of
 from nicop.api.upgrade import (
     ALLOCATABLE_ANNOTATION,
@@ -74,6 +81,7 @@ from nicop.kube import selectors
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Controller, Manager, Result
+from nicop.kube.memo import PerObject
 from nicop.kube.node_pods import NodePods
 from nicop.kube.resources import CONTROLLER_REVISION, DAEMONSET, NODE, POD, Obj, quantity
 from nicop.kube.resources import NIC_CLUSTER_POLICY as NCP
@@ -171,28 +179,42 @@ class NodeView:
 
 @dataclass
 class Plan:
-    """The policy's upgradePolicy with defaults applied; `problem` names a field that is not
-    valid (a pod selector Kubernetes would refuse), which holds the pool's upgrade."""
+    """A pool's upgradePolicy as its model, defaults applied (drain on, 300 s); `problem` names
+    a field that is not valid (a pod selector Kubernetes would refuse), which holds the pool's
+    upgrade."""
 
-    spec: Obj
-    policy: Obj | None = None
-    drain: Obj = field(init=False)
-    wait: Obj = field(init=False)
-    problem: str | None = field(init=False, default=None)
+    spec: DriverUpgradePolicySpec
+    policy: Obj
+    drain: DrainSpec = field(init=False)
+    wait: WaitForCompletionSpec = field(init=False)
+    problem: str | None = None
 
     def __post_init__(self) -> None:
-        self.drain = self.spec.get("drain") or {}
-        self.wait = self.spec.get("waitForCompletion") or {}
-        for path, section in (("drain", self.drain), ("waitForCompletion", self.wait)):
+        self.drain = self.spec.drain or DrainSpec()
+        self.wait = self.spec.wait_for_completion or WaitForCompletionSpec()
+        for path, selector in (("drain", self.drain.pod_selector),
+                               ("waitForCompletion", self.wait.pod_selector)):
             try:
-                selectors.parse(section.get("podSelector") or "")
+                selectors.parse(selector or "")
             except selectors.SelectorError as e:
                 self.problem = (f"spec.ofedDriver.upgradePolicy.{path}.podSelector: {e}; no "
                                 "node of this policy is upgraded until it is a valid selector")
 
-    @property
-    def max_parallel(self) -> int:
-        return int(self.spec.get("maxParallelUpgrades", 1))
+
+def automatic_plan(policy: Obj) -> Plan | None:
+    """The pool's plan when its policy asks for automatic upgrades (derived once per version of
+    the policy, see UpgradeController._plans); a value the model refuses holds the pool."""
+    try:
+        upgrade = driver_upgrade_policy(policy)
+    except ValidationError as e:
+        raw = ((policy.get("spec") or {}).get("ofedDriver") or {}).get("upgradePolicy") or {}
+        if not raw.get("autoUpgrade"):
+            return None
+        where = ".".join(str(p) for p in e.errors()[0]["loc"])
+        return Plan(DriverUpgradePolicySpec(auto_upgrade=True), policy,
+                    problem=f"spec.ofedDriver.upgradePolicy.{where}: {e.errors()[0]['msg']}; "
+                    "no node of this policy is upgraded until it is valid")
+    return Plan(upgrade, policy) if upgrade.auto_upgrade else None
 
 
 def upgrade_slots(views: list[NodeView], max_parallel: int, max_unavailable_value: Any) -> int:
@@ -248,6 +270,7 @@ class UpgradeController:
         self.node_policies = manager.informer(NNP)
         self._pools: dict[str, str] = {}  # node -> the pool its driver pod was last seen in
         self._reported: dict[str, str] = {}  # pool -> the plan problem already recorded
+        self._automatic = PerObject(automatic_plan)
         self._view_cache: dict[str, NodeView] = {}  # by node name, see _views
         self._revisions_seen: dict[str, str] = {}
         # What each revision's driver runs, by (DaemonSet uid, revision hash).
@@ -344,7 +367,7 @@ class UpgradeController:
             if plan.problem is None:
                 continue
             held.add(pool)
-            if self._reported.get(pool) != plan.problem and plan.policy is not None:
+            if self._reported.get(pool) != plan.problem:
                 log.error("%s", plan.problem, extra=logs.about(
                     plan.policy["kind"], plan.policy["metadata"]["name"]))
                 await self.recorder.emit(plan.policy, "Warning", "InvalidUpgradePolicy",
@@ -356,15 +379,10 @@ class UpgradeController:
 
     def _plans(self) -> dict[str, Plan]:
         """The driver pools whose policy asks for automatic upgrades, by pool (ds-owner)."""
-        policies = [(OWNER_VALUE, self.policies.store.get(POLICY_NAME))] + [
-            (f"nnp-{p['metadata']['name']}", p) for p in self.node_policies.store.items()]
-        plans = {}
-        for owner, policy in policies:
-            upgrade = (((policy or {}).get("spec") or {}).get("ofedDriver") or {}).get(
-                "upgradePolicy")
-            if upgrade and upgrade.get("autoUpgrade"):
-                plans[owner] = Plan(upgrade, policy)
-        return plans
+        cluster = self.policies.store.get(POLICY_NAME)
+        policies = ([cluster] if cluster else []) + list(self.node_policies.store.items())
+        return {OWNER_VALUE if policy["kind"] == NCP.kind else f"nnp-{policy['metadata']['name']}":
+                plan for policy, plan in self._automatic.each(policies) if plan is not None}
 
     def _pool_of(self, node: Obj) -> str:
         """The pool of a node whose driver pod is being replaced: where its pod was last seen,
@@ -527,13 +545,14 @@ class UpgradeController:
         if self.requestor is not None or not any(v.state == REQUIRED for v in views):
             return False  # nobody waits: no slots to count
         moved = False
-        for view in nodes_to_start(views, plan.max_parallel, plan.spec.get("maxUnavailable")):
+        for view in nodes_to_start(views, plan.spec.max_parallel_upgrades,
+                                   plan.spec.max_unavailable):
             moved |= await self._set(view, CORDON)
         return moved
 
     async def _wait_for_jobs(self, view: NodeView, plan: Plan) -> bool:
-        selector = plan.wait.get("podSelector")
-        timeout = int(plan.wait.get("timeoutSeconds") or 0)
+        selector = plan.wait.pod_selector
+        timeout = plan.wait.timeout_seconds
         if selector:
             pods = self.node_pods.pods(view.name)
             if pods is None:
@@ -550,7 +569,7 @@ class UpgradeController:
         return await self._set(view, DRAIN, annotations={WAIT_START_ANNOTATION: None})
 
     async def _drain(self, view: NodeView, plan: Plan) -> bool:
-        if not plan.drain.get("enable", True):
+        if not plan.drain.enable:
             return await self._set(view, POD_RESTART)
         pods = self.node_pods.pods(view.name)
         if pods is None:
@@ -558,7 +577,7 @@ class UpgradeController:
         started = view.annotations.get(DRAIN_START_ANNOTATION)
         if not started:
             await self._patch(view, annotations={DRAIN_START_ANNOTATION: stamp()})
-        selector = plan.drain.get("podSelector") or ""
+        selector = plan.drain.pod_selector or ""
         blocked: list[str] = []
         remaining = []
         for pod in pods:
@@ -568,7 +587,8 @@ class UpgradeController:
             remaining.append(name)
             if pod["metadata"].get("deletionTimestamp"):
                 continue
-            refusal = drain_refusal(pod, plan.drain, "ofedDriver.upgradePolicy.drain")
+            refusal = drain_refusal(pod, plan.drain.force, plan.drain.delete_empty_dir,
+                                    "ofedDriver.upgradePolicy.drain")
             if refusal:
                 return await self._fail(view, f"cannot drain: pod {name} {refusal}")
             try:
@@ -582,7 +602,7 @@ class UpgradeController:
         if not remaining:
             return await self._set(view, POD_RESTART, annotations={
                 DRAIN_START_ANNOTATION: None, DRAIN_BLOCKED_ANNOTATION: None})
-        timeout = int(plan.drain.get("timeoutSeconds", 300) or 0)
+        timeout = plan.drain.timeout_seconds
         if timeout and _elapsed(started) >= timeout:
             still = blocked or remaining
             return await self._fail(view, f"drain timed out after {timeout}s; still on the node: "
