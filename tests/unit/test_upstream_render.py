@@ -222,6 +222,18 @@ def test_a_pod_selector_kubernetes_would_refuse_is_the_policys_error(section: st
     assert e.value.field == f"spec.ofedDriver.upgradePolicy.{section}.podSelector"
 
 
+def test_a_value_the_model_refuses_is_the_policys_error_naming_the_field() -> None:
+    """The section is read as its model; what the API server's schema would refuse (a
+    negative grace period) renders nothing and names the field, nested ones included."""
+    with pytest.raises(RenderError) as e:
+        render_driver({**DRIVER, "terminationGracePeriodSeconds": -1})
+    assert e.value.field == "spec.ofedDriver.terminationGracePeriodSeconds"
+    with pytest.raises(RenderError) as e:
+        render_driver({**DRIVER, "upgradePolicy": {"autoUpgrade": True,
+                                                   "drain": {"timeoutSeconds": -5}}})
+    assert e.value.field == "spec.ofedDriver.upgradePolicy.drain.timeoutSeconds"
+
+
 def test_opted_in_nodes_keep_nicops_rule_in_the_driver_daemonsets() -> None:
     """A node opted in by nvidia.com/network-operator=true may lack the NIC label: the driver
     DaemonSets then select managed nodes (mofed.wait) instead of pci-15b3."""

@@ -13,7 +13,9 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from nicop.api.agents import (
     AGENT_CPU_REQUEST,
@@ -35,6 +37,7 @@ from nicop.api.labels import (
 )
 from nicop.kube.resources import Obj
 
+M = TypeVar("M", bound=BaseModel)
 OFED_INIT_IMAGE_ENV = "OFED_INIT_CONTAINER_IMAGE"
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
@@ -46,6 +49,16 @@ class RenderError(Exception):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+
+def typed(model: type[M], section: Obj, path: str) -> M:
+    """The section as its model, validated once per render. The API server's schema already
+    holds it; a value the model still refuses is the policy's error, naming the field."""
+    try:
+        return model.model_validate(section)
+    except ValidationError as e:
+        error = e.errors()[0]
+        raise RenderError(".".join([path, *map(str, error["loc"])]), error["msg"]) from None
 
 
 @dataclass

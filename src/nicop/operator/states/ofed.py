@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from typing import Any
 
 from nicop.api.agents import METRICS_PORTS, uses_nicop
 from nicop.api.labels import (
@@ -29,6 +30,7 @@ from nicop.api.labels import (
     POOL_LABELS,
     SAFE_LOAD_ANNOTATION,
 )
+from nicop.api.mellanox import DriverUpgradePolicySpec, OFEDDriverSpec, PodProbeSpec
 from nicop.kube import selectors
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
@@ -46,6 +48,7 @@ from nicop.operator.states.base import (
     name_hash,
     pull_secrets,
     service_account,
+    typed,
 )
 
 NAME = "ofed-driver"
@@ -102,25 +105,34 @@ def pool_name(os_id: str, os_version: str, kernel: str) -> str:
     return f"mofed-{os_id}{os_version}-{name_hash(kernel)}"
 
 
-def probe(spec: Obj, kind: str, command: list[str]) -> Obj:
+def probe(given: PodProbeSpec | None, kind: str, command: list[str]) -> Obj:
+    """The section's timings of probe `kind` (startupProbe ...), upstream's default for each
+    one unset or under 1."""
     delay, period, failures, timeout = PROBE_DEFAULTS[kind]
-    given = spec.get(kind) or {}
+    given = given or PodProbeSpec(initial_delay_seconds=0, period_seconds=0)
 
-    def pick(key: str, default: int) -> int:
-        value = given.get(key)
-        return value if isinstance(value, int) and value >= 1 else default
+    def pick(value: int | None, default: int) -> int:
+        return value if value is not None and value >= 1 else default
 
     return {
         "exec": {"command": command},
-        "initialDelaySeconds": pick("initialDelaySeconds", delay),
-        "periodSeconds": pick("periodSeconds", period),
-        "failureThreshold": pick("failureThreshold", failures),
-        "timeoutSeconds": pick("timeoutSeconds", timeout),
+        "initialDelaySeconds": pick(given.initial_delay_seconds, delay),
+        "periodSeconds": pick(given.period_seconds, period),
+        "failureThreshold": pick(given.failure_threshold, failures),
+        "timeoutSeconds": pick(given.timeout_seconds, timeout),
     }
 
 
-def driver_image(ctx: Context, spec: Obj, path: str, os_id: str, os_version: str,
-                 kernel: str, arch: str) -> str:
+def probes(driver: OFEDDriverSpec, startup: list[str], liveness: list[str],
+           readiness: list[str]) -> dict[str, Any]:
+    """The driver container's three probes, running these commands."""
+    return {"startupProbe": probe(driver.startup_probe, "startupProbe", startup),
+            "livenessProbe": probe(driver.liveness_probe, "livenessProbe", liveness),
+            "readinessProbe": probe(driver.readiness_probe, "readinessProbe", readiness)}
+
+
+def driver_image(ctx: Context, spec: Obj, driver: OFEDDriverSpec, path: str, os_id: str,
+                 os_version: str, kernel: str, arch: str) -> str:
     """Upstream's driver image for a pool: `<version>-<ID><VERSION_ID>-<arch>`, or with
     `forcePrecompiled` the precompiled tag `<version>-<kernel>-<ID><VERSION_ID>-<arch>`.
     nicop polls no registry: without `forcePrecompiled` it uses the image that compiles on the
@@ -129,36 +141,46 @@ def driver_image(ctx: Context, spec: Obj, path: str, os_id: str, os_version: str
     ref = image(ctx, spec, path)
     if "@sha256:" in ref:
         return ref
-    if spec.get("forcePrecompiled"):
+    if driver.force_precompiled:
         return f"{ref}-{kernel}-{os_id}{os_version}-{arch}"
     return f"{ref}-{os_id}{os_version}-{arch}"
 
 
-def init_config(spec: Obj) -> str:
+def safe_load(driver: OFEDDriverSpec) -> bool:
+    """Whether the driver waits for the upgrade controller before it loads (safeLoad counts
+    only with autoUpgrade, as upstream's)."""
+    upgrade = driver.upgrade_policy
+    return upgrade is not None and upgrade.auto_upgrade and upgrade.safe_load
+
+
+def init_config(driver: OFEDDriverSpec) -> str:
     """The init container's config.json: wait for safe load when the upgrade uses it, check
     the modules the driver replaces (upstream's ofed-init-container-config)."""
-    upgrade = spec.get("upgradePolicy") or {}
     return json.dumps({
-        "safeDriverLoad": {"enable": bool(upgrade.get("autoUpgrade") and upgrade.get("safeLoad")),
-                           "annotation": SAFE_LOAD_ANNOTATION},
+        "safeDriverLoad": {"enable": safe_load(driver), "annotation": SAFE_LOAD_ANNOTATION},
         "moduleDependencyCheck": {"modules": DRIVER_MODULES, "hostProcPath": "/host/proc",
                                   "hostSysPath": "/host/sys"},
     })
 
 
-def check_upgrade_selectors(spec: Obj, path: str) -> None:
+def check_upgrade_selectors(upgrade: DriverUpgradePolicySpec | None, path: str) -> None:
     """A drain or wait podSelector Kubernetes would refuse is the policy's error, never a
     selector that matches nothing (the upgrade controller holds the pool meanwhile)."""
-    upgrade = spec.get("upgradePolicy") or {}
-    for section in ("drain", "waitForCompletion"):
+    if upgrade is None:
+        return
+    for section, given in (("drain", upgrade.drain), ("waitForCompletion",
+                                                      upgrade.wait_for_completion)):
         try:
-            selectors.parse((upgrade.get(section) or {}).get("podSelector") or "")
+            selectors.parse((given.pod_selector if given else None) or "")
         except selectors.SelectorError as e:
             raise RenderError(f"{path}.upgradePolicy.{section}.podSelector", str(e)) from None
 
 
 def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
-    check_upgrade_selectors(spec, path)
+    """The section's settings are read from its model; the generic builders (image, container,
+    pull secrets) and the env, rendered as the user wrote it, take the section as given."""
+    driver = typed(OFEDDriverSpec, spec, path)
+    check_upgrade_selectors(driver.upgrade_policy, path)
     grouped, _ = pools(ctx.managed_nodes)
     objects: list[Obj] = [service_account(ctx, NAME), *cluster_rbac(ctx, NAME, [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
@@ -169,16 +191,17 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
     nicop = uses_nicop(spec)
     init_image = None if nicop else ctx.ofed_init_image
     if init_image:
-        objects.append(config_map(ctx, INIT_CONFIG_MAP, {"config.json": init_config(spec)}))
+        objects.append(config_map(ctx, INIT_CONFIG_MAP, {"config.json": init_config(driver)}))
     for (os_id, os_version, kernel), nodes in grouped.items():
         volumes, mounts = [], []
         for name, host, mount, type_, options in HOST_MOUNTS:
             volume, volume_mount = host_path(name, host, mount, type_=type_)
             volumes.append(volume)
             mounts.append({**volume_mount, **options})
-        for field, dirs, volume_name in (("certConfig", CERT_DIRS, "cert-config"),
-                                         ("repoConfig", REPO_DIRS, "repo-config")):
-            ref = (spec.get(field) or {}).get("name")
+        for field, given, dirs, volume_name in (
+                ("certConfig", driver.cert_config, CERT_DIRS, "cert-config"),
+                ("repoConfig", driver.repo_config, REPO_DIRS, "repo-config")):
+            ref = given.name if given else None
             if not ref:
                 continue
             if os_id not in dirs:
@@ -201,8 +224,8 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
             for name, host, mount in INIT_MOUNTS:
                 volumes.append(host_path(name, host, mount, type_="Directory")[0])
         pod_spec["containers"] = [driver_container(
-            ctx, spec, path, mounts, (os_id, os_version, kernel, arch))]
-        pod_spec["terminationGracePeriodSeconds"] = spec.get("terminationGracePeriodSeconds", 300)
+            ctx, spec, driver, path, mounts, (os_id, os_version, kernel, arch))]
+        pod_spec["terminationGracePeriodSeconds"] = driver.termination_grace_period_seconds
         pod_spec["volumes"] = volumes
         pod_spec["nodeSelector"] = {MELLANOX_LABEL: "true", OS_LABEL: os_id,
                                     OS_VERSION_LABEL: os_version, KERNEL_LABEL: kernel,
@@ -260,7 +283,7 @@ def init_container(ctx: Context, spec: Obj, ref: str) -> Obj:
     }
 
 
-def driver_env(spec: Obj, nicop: bool) -> list[Obj]:
+def driver_env(spec: Obj, nicop: bool, version: str = "") -> list[Obj]:
     """The section's `env` with upstream's defaults it does not set: after it, as upstream
     appends them to the section's env (so the init container gets them too). nicop's agent
     also reads its version and node from here, its defaults first (as nicop always rendered
@@ -274,38 +297,34 @@ def driver_env(spec: Obj, nicop: bool) -> list[Obj]:
     if not nicop:
         return [*given, *(e for e in defaults if e["name"] not in names)]
     defaults += [
-        {"name": "NVIDIA_NIC_DRIVER_VER", "value": str(spec.get("version", ""))},
+        {"name": "NVIDIA_NIC_DRIVER_VER", "value": version},
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
     ]
     return [*(e for e in defaults if e["name"] not in names), *given]
 
 
-def driver_container(ctx: Context, spec: Obj, path: str, mounts: list[Obj],
-                     pool: tuple[str, str, str, str]) -> Obj:
+def driver_container(ctx: Context, spec: Obj, driver: OFEDDriverSpec, path: str,
+                     mounts: list[Obj], pool: tuple[str, str, str, str]) -> Obj:
     """Upstream's driver container, or nicop's driver agent (`image: nicop`) with probes that
     ask it, from the same mounts, environment and probe timings."""
     if uses_nicop(spec):
-        if not spec.get("version"):
+        if not driver.version:
             raise RenderError(f"{path}.version", "is the driver version nicop's driver agent "
                               "installs (e.g. 25.10-1.2.8.0); set it")
-        upgrade = spec.get("upgradePolicy") or {}
-        safe_load = bool(upgrade.get("autoUpgrade") and upgrade.get("safeLoad"))
         return agent_container(
             ctx, DRIVER_CONTAINER, spec,
-            ["driver", "run", *(["--safe-load"] if safe_load else []),
-             *(["--force-precompiled"] if spec.get("forcePrecompiled") else [])],
-            mounts=mounts, env=driver_env(spec, True), ready_probe=False,
+            ["driver", "run", *(["--safe-load"] if safe_load(driver) else []),
+             *(["--force-precompiled"] if driver.force_precompiled else [])],
+            mounts=mounts, env=driver_env(spec, True, driver.version), ready_probe=False,
             metrics_port=METRICS_PORTS["driver"],
-            startupProbe=probe(spec, "startupProbe", ["nicop", "driver", "probe", "startup"]),
-            livenessProbe=probe(spec, "livenessProbe", ["nicop", "driver", "probe", "liveness"]),
-            readinessProbe=probe(spec, "readinessProbe",
-                                 ["nicop", "driver", "probe", "readiness"]))
+            **probes(driver, ["nicop", "driver", "probe", "startup"],
+                     ["nicop", "driver", "probe", "liveness"],
+                     ["nicop", "driver", "probe", "readiness"]))
+    loaded = ["sh", "-c", "lsmod | grep mlx5_core"]
     c = container(
-        DRIVER_CONTAINER, driver_image(ctx, spec, path, *pool), spec,
+        DRIVER_CONTAINER, driver_image(ctx, spec, driver, path, *pool), spec,
         mounts=mounts, env=driver_env(spec, False),
-        startupProbe=probe(spec, "startupProbe", ["sh", "-c", f"ls {DRIVER_READY_FILE}"]),
-        livenessProbe=probe(spec, "livenessProbe", ["sh", "-c", "lsmod | grep mlx5_core"]),
-        readinessProbe=probe(spec, "readinessProbe", ["sh", "-c", "lsmod | grep mlx5_core"]),
+        **probes(driver, ["sh", "-c", f"ls {DRIVER_READY_FILE}"], loaded, loaded),
     )
     c["securityContext"] = {"privileged": True, "seLinuxOptions": {"level": "s0"}}
     return c
