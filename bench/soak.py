@@ -202,7 +202,8 @@ class Soak:
             self.cluster.restart("kube-apiserver")
             return "kube-apiserver restarted", lambda: True
         if kind == "agent-kill":
-            agent = rng.choice(self.cluster.agents())
+            # An exec probe's process is no agent: killing it is only a failed probe.
+            agent = rng.choice([a for a in self.cluster.agents() if "probe" not in a.command])
             os.kill(agent.pid, signal.SIGKILL)
             return (f"agent {agent.command} on {agent.node} killed",
                     lambda: any(a.node == agent.node and a.command == agent.command
