@@ -39,6 +39,7 @@ from nicop.api.mellanox import (
     driver_upgrade_policy,
 )
 from nicop.api.nodes import is_managed, labels_of
+from nicop.api.sriovnetwork import operator_settings, pool_settings
 from nicop.api.upgrade import (
     DONE,
     FAILED,
@@ -78,7 +79,6 @@ from nicop.operator.sriov_drain import (
     OPERATOR_CONFIG,
     POOL_CONFIG,
     PoolError,
-    disable_drain,
     operator_config,
     pool_of,
     resource_prefix,
@@ -653,8 +653,8 @@ async def _sriov_effects(client: ApiClient, result: Plan, cluster: Cluster, stor
     live = [p for p in (await client.list(SRIOV_NODE_POLICY, namespace))[0]]
     name = stored["metadata"]["name"]
     planned = [p for p in live if p["metadata"]["name"] != name] + [stored]
-    selector = ((config or {}).get("spec") or {}).get("configDaemonNodeSelector") \
-        or DEFAULT_DAEMON_NODE_SELECTOR
+    settings = operator_settings(config)
+    selector = settings.config_daemon_node_selector or DEFAULT_DAEMON_NODE_SELECTOR
     nodes = sorted((n for n in cluster.nodes if labels_match(selector, n)),
                    key=lambda n: n["metadata"]["name"])
     found = {n: ((s.get("status") or {}).get("interfaces") or []) for n, s in states.items()}
@@ -666,7 +666,7 @@ async def _sriov_effects(client: ApiClient, result: Plan, cluster: Cluster, stor
         live, nodes, found)]
     accepted = [p for p in planned if p["metadata"]["name"] not in refused]
     by_node = cluster.pods_on()
-    no_drain = disable_drain(config)
+    no_drain = bool(settings.disable_drain)
     prefix = resource_prefix()
     for node in nodes:
         node_name = node["metadata"]["name"]
@@ -674,7 +674,7 @@ async def _sriov_effects(client: ApiClient, result: Plan, cluster: Cluster, stor
         if not interfaces:
             continue  # the config daemon has not reported this node's PFs: nothing to apply
         try:
-            rdma_mode = ((pool_of(node, pools) or {}).get("spec") or {}).get("rdmaMode")
+            rdma_mode = pool_settings(pool_of(node, pools)).rdma_mode
         except PoolError:
             rdma_mode = None
         before = node_state_spec(accepted_before, node, interfaces, rdma_mode)

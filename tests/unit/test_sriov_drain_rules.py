@@ -69,13 +69,14 @@ def test_drain_required_evicts_only_pods_with_sriov_resources() -> None:
 def test_operator_config_log_level_turns_on_debug_logs() -> None:
     import logging
 
+    from nicop.api.sriovnetwork import operator_settings
     from nicop.operator.sriov_drain import SRIOV_LOGGERS, apply_log_level
 
     try:
-        apply_log_level({"spec": {"logLevel": 2}})
+        apply_log_level(operator_settings({"spec": {"logLevel": 2}}))
         assert all(logging.getLogger(n).getEffectiveLevel() == logging.DEBUG
                    for n in SRIOV_LOGGERS)
-        apply_log_level({"spec": {"logLevel": 0}})
+        apply_log_level(operator_settings({"spec": {"logLevel": 0}}))
         assert logging.getLogger(SRIOV_LOGGERS[0]).level == logging.NOTSET
     finally:
-        apply_log_level(None)
+        apply_log_level(operator_settings(None))

@@ -628,6 +628,11 @@ class SriovOperatorConfigStatus(ApiModel):
     """Ready and friends."""
 
 
+def operator_settings(config: dict[str, Any] | None) -> SriovOperatorConfigSpec:
+    """A SriovOperatorConfig's spec as its model; with none, upstream's defaults."""
+    return SriovOperatorConfigSpec.model_validate((config or {}).get("spec") or {})
+
+
 class SriovOperatorConfig(KubeObject):
     """The operator's settings; the one object is named default."""
 
@@ -677,6 +682,12 @@ class SriovNetworkPoolConfigSpec(ApiModel):
     """How many nodes (or what percentage) may be unavailable at once; unset means no limit."""
     rdma_mode: RdmaMode | None = None
     """RDMA subsystem mode of the nodes."""
+
+
+def pool_settings(pool: dict[str, Any] | None) -> SriovNetworkPoolConfigSpec:
+    """A SriovNetworkPoolConfig's spec as its model; the default pool (None) has no limit set
+    and no RDMA mode."""
+    return SriovNetworkPoolConfigSpec.model_validate((pool or {}).get("spec") or {})
 
 
 class SriovNetworkPoolConfig(KubeObject):

@@ -43,6 +43,7 @@ from nicop.api.labels import (
     MANAGED_BY_VALUE,
     SRIOV_BY_DRA_LABEL,
 )
+from nicop.api.sriovnetwork import operator_settings, pool_settings
 from nicop.kube import selectors
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.conditions import with_condition
@@ -489,7 +490,8 @@ class SriovPolicyController:
     # ------------------------------------------------------------------ reconcile
     async def reconcile(self, key: str) -> Result | None:
         config = operator_config(self.configs.store.items(), self.namespace)
-        apply_log_level(config)
+        settings = operator_settings(config)
+        apply_log_level(settings)
         states = {name_of(s): s for s in self.states.store.items()}
         policies = self.policies.store.items()
         if not policies and config is None and not states:
@@ -498,8 +500,7 @@ class SriovPolicyController:
             # and no pass over them.
             await self._sync_classes([])
             return None
-        selector = (spec_of(config or {}).get("configDaemonNodeSelector")
-                    or DEFAULT_DAEMON_NODE_SELECTOR)
+        selector = settings.config_daemon_node_selector or DEFAULT_DAEMON_NODE_SELECTOR
         nodes = sorted((n for n in self.nodes.store.items() if labels_match(selector, n)),
                        key=name_of)
         found = {name: ((s.get("status") or {}).get("interfaces") or [])
@@ -538,7 +539,7 @@ class SriovPolicyController:
             pool = pool_of(node, pools)
         except PoolError:
             pool = None
-        rdma_mode = spec_of(pool or {}).get("rdmaMode")
+        rdma_mode = pool_settings(pool).rdma_mode
         interfaces = found.get(name, [])
         if state is not None and not interfaces:
             # The daemon has not reported the node's PFs yet: nothing to apply them to.

@@ -22,6 +22,7 @@ import logging
 from nicop import logs
 from nicop.api.agents import METRICS_PORTS, own_image
 from nicop.api.labels import DEVICE_PLUGIN_LABEL
+from nicop.api.sriovnetwork import operator_settings
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.conditions import with_condition
 from nicop.kube.manager import Controller, Manager, Result
@@ -70,17 +71,18 @@ def default_config(namespace: str, single_node: bool) -> Obj:
 
 
 def node_selector(config: Obj) -> dict[str, str]:
-    return dict((config.get("spec") or {}).get("configDaemonNodeSelector")
+    return dict(operator_settings(config).config_daemon_node_selector
                 or DEFAULT_DAEMON_NODE_SELECTOR)
 
 
 def render_config_daemon(ctx: Context, config: Obj) -> list[Obj]:
-    spec = config.get("spec") or {}
+    settings = operator_settings(config)
     volume, mount = host_path("host", "/", "/host")
-    env = [NODE_NAME_ENV,
-           {"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-           *({"name": k, "value": v} for k, v in sorted(
-               (spec.get("configDaemonEnvVars") or {}).items()))]
+    env: list[Obj] = [NODE_NAME_ENV,
+                      {"name": "NAMESPACE",
+                       "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                      *({"name": k, "value": v} for k, v in sorted(
+                          (settings.config_daemon_env_vars or {}).items()))]
     ds = daemonset(
         ctx, CONFIG_DAEMON, {},
         [agent_container(ctx, CONFIG_DAEMON, {}, ["sriov-config-daemon", "--host-root", "/host"],

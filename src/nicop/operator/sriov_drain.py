@@ -47,6 +47,7 @@ from nicop.api.labels import (
     IDLE,
     REBOOT_REQUIRED,
 )
+from nicop.api.sriovnetwork import SriovOperatorConfigSpec, operator_settings, pool_settings
 from nicop.kube import selectors
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.events import EventRecorder
@@ -95,14 +96,9 @@ def operator_config(configs: list[Obj], namespace: str) -> Obj | None:
                  and c["metadata"].get("namespace") == namespace), None)
 
 
-def disable_drain(config: Obj | None) -> bool:
-    return bool(((config or {}).get("spec") or {}).get("disableDrain"))
-
-
-def apply_log_level(config: Obj | None) -> None:
+def apply_log_level(settings: SriovOperatorConfigSpec) -> None:
     """SriovOperatorConfig.spec.logLevel: 0 logs reconcile outcomes, 1 and 2 every step."""
-    level = ((config or {}).get("spec") or {}).get("logLevel")
-    wanted = logging.DEBUG if isinstance(level, int) and level > 0 else logging.NOTSET
+    wanted = logging.DEBUG if (settings.log_level or 0) > 0 else logging.NOTSET
     for name in SRIOV_LOGGERS:
         logging.getLogger(name).setLevel(wanted)
 
@@ -141,7 +137,7 @@ def pool_limit(pool: Obj | None, size: int) -> int:
     """How many of a pool's `size` nodes may be drained at once."""
     if pool is None:
         return DEFAULT_POOL_MAX_UNAVAILABLE
-    return max_unavailable((pool.get("spec") or {}).get("maxUnavailable"), size)
+    return max_unavailable(pool_settings(pool).max_unavailable, size)
 
 
 # ------------------------------------------------------------------------------ pods
@@ -210,9 +206,10 @@ class SriovDrainController:
 
     # ------------------------------------------------------------------ reconcile
     async def reconcile(self, key: str) -> Result | None:
-        config = operator_config(self.configs.store.items(), self.namespace)
-        apply_log_level(config)
-        no_drain = disable_drain(config)
+        settings = operator_settings(operator_config(self.configs.store.items(),
+                                                     self.namespace))
+        apply_log_level(settings)
+        no_drain = bool(settings.disable_drain)
         states = sorted(self.states.store.items(), key=lambda s: s["metadata"]["name"])
         await self.node_pods.keep(s["metadata"]["name"] for s in states
                                   if self.requestor is None and _needs_pods(s))
