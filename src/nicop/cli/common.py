@@ -22,7 +22,6 @@ app = typer.Typer(
 )
 
 
-
 @app.callback()
 def _name_the_command(ctx: typer.Context) -> None:
     """nicop: RDMA and SR-IOV networking for Kubernetes."""
