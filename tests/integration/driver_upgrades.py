@@ -72,10 +72,11 @@ def clean_up(client: Client) -> None:
     for p in client.list(PodDisruptionBudget, namespace=WORK):
         client.delete(PodDisruptionBudget, p.metadata.name, namespace=WORK)
     # Not left to the garbage collector: it finds the dependents of a deleted custom resource
-    # half a minute later, which every test of a module paid.
+    # half a minute later, which every test of a module paid (and may be just done: gone).
     for ds in client.list(DaemonSet, namespace=NAMESPACE):
-        client.delete(DaemonSet, ds.metadata.name, namespace=NAMESPACE,
-                      cascade=CascadeType.BACKGROUND)
+        with contextlib.suppress(ApiError):
+            client.delete(DaemonSet, ds.metadata.name, namespace=NAMESPACE,
+                          cascade=CascadeType.BACKGROUND)
     for pod in client.list(Pod, namespace=NAMESPACE):
         with contextlib.suppress(ApiError):
             client.delete(Pod, pod.metadata.name, namespace=NAMESPACE, grace_period=0)
