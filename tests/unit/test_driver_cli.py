@@ -55,21 +55,30 @@ def test_probes_exit_with_a_one_line_reason(node: Path) -> None:
 
 def test_the_probe_as_the_daemonset_runs_it_answers_the_same_without_loading_the_cli(
         node: Path) -> None:
-    """The DaemonSet's probe is `nicop driver probe KIND` with options from the container's
-    environment, run every few seconds: it says what the full command says, without importing
-    the CLI (a probe slower than its timeout on a busy node marks the driver not ready)."""
+    """The DaemonSet's probe is `nicop driver probe KIND` (the installed command, as in the
+    image, and `python -m nicop`) with options from the container's environment, run every few
+    seconds: it says what the full command says, without importing the CLI (a probe slower than
+    its timeout on a busy node marks the driver not ready). The agents' `nicop probe-ready`
+    too."""
     (node / READY).parent.mkdir(parents=True)
     (node / READY).write_text(VERSION + "\n")
-    env = {**os.environ, "NICOP_HOST_ROOT": str(node), "NVIDIA_NIC_DRIVER_VER": VERSION}
-    for kind in ("startup", "liveness", "readiness"):
-        run = subprocess.run([sys.executable, "-X", "importtime", "-m", "nicop", "driver",
-                              "probe", kind], env=env, capture_output=True, text=True,
-                             timeout=60)
-        full = CliRunner().invoke(app, ["driver", "probe", kind], env=env)
-        assert (run.returncode, run.stdout) == (full.exit_code, full.output)
-        imported = {line.split("|")[-1].strip() for line in run.stderr.splitlines()}
-        assert "typer" not in imported and "nicop.cli" not in imported
-    assert run.returncode == 1 and "want " + VERSION in run.stdout
+    env = {**os.environ, "NICOP_HOST_ROOT": str(node), "NVIDIA_NIC_DRIVER_VER": VERSION,
+           "PYTHONPROFILEIMPORTTIME": "1"}
+    installed = str(Path(sys.executable).parent / "nicop")
+    for command in ([installed], NICOP):
+        for kind in ("startup", "liveness", "readiness"):
+            run = subprocess.run([*command, "driver", "probe", kind], env=env,
+                                 capture_output=True, text=True, timeout=60)
+            full = CliRunner().invoke(app, ["driver", "probe", kind], env=env)
+            assert (run.returncode, run.stdout) == (full.exit_code, full.output)
+            imported = {line.split("|")[-1].strip() for line in run.stderr.splitlines()}
+            assert "typer" not in imported and "nicop.cli" not in imported, command
+        assert run.returncode == 1 and "want " + VERSION in run.stdout
+        ready = subprocess.run([*command, "probe-ready"], env=env, capture_output=True,
+                               text=True, timeout=60)
+        assert ready.returncode == 1 and "NICOP_READY_FILE" in ready.stdout
+        imported = {line.split("|")[-1].strip() for line in ready.stderr.splitlines()}
+        assert "typer" not in imported and "nicop.cli" not in imported, command
 
 def _driver(node: Path, log: Path, *args: str, **env: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
