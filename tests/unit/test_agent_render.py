@@ -10,12 +10,18 @@ from typing import Any
 import pytest
 import yaml
 
-from nicop.api.agents import AGENT_MEMORY, NICOP_POD_JQ, READY_PROBE, is_nicop_image, uses_nicop
+from nicop.api.agents import (
+    AGENT_MEMORY,
+    NICOP_POD_JQ,
+    is_nicop_image,
+    uses_nicop,
+)
 from nicop.operator import cni_daemon, sriov_daemons
 from nicop.operator.states import ofed, rdma_dp, sriov_dp
 from nicop.operator.states.base import Context, RenderError
 
 ROOT = Path(__file__).resolve().parents[2]
+READYZ = {"path": "/readyz", "port": "metrics"}  # the agents' readiness probe asks the agent
 NODE = {"metadata": {"name": "n1", "labels": {
     ofed.OS_LABEL: "ubuntu", ofed.OS_VERSION_LABEL: "22.04",
     ofed.KERNEL_LABEL: "5.15.0-122-generic", ofed.ARCH_LABEL: "amd64"}}}
@@ -110,8 +116,8 @@ def test_nicop_device_plugins_read_upstreams_config_where_upstream_does(
     agent = pod_of(ds)["containers"][0]
     assert agent["command"] == command and agent["image"] == "reg/nicop:1.2"
     assert agent["volumeMounts"] == pod_of(their_ds)["containers"][0]["volumeMounts"]
-    assert agent["readinessProbe"]["exec"]["command"] == READY_PROBE
-    assert {"name": "NICOP_READY_FILE", "value": "/run/nicop-agent/ready"} in agent["env"]
+    assert agent["readinessProbe"]["httpGet"] == READYZ  # no process every period
+    assert [port["name"] for port in agent["ports"]] == ["metrics"]
 
 
 def test_sriov_daemons_follow_the_operator_configs_node_selector() -> None:
@@ -177,7 +183,7 @@ def test_the_dra_driver_runs_nicops_plugin_beside_the_kubelet_with_its_device_cl
     [plugin] = pod["containers"]
     assert plugin["image"] == "reg/nicop:1.2"
     assert plugin["command"][:2] == ["nicop", "dra-plugin"]
-    assert plugin["readinessProbe"]["exec"]["command"] == READY_PROBE
+    assert plugin["readinessProbe"]["httpGet"] == READYZ
     assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} \
         in plugin["env"]
     assert MOFED_WAIT_LABEL not in (pod.get("nodeSelector") or {})
@@ -227,7 +233,7 @@ def test_multus_with_nicops_image_runs_nicops_meta_plugin_in_upstreams_daemonset
     assert "--multus-conf-file=auto" in daemon["command"]
     assert "--cleanup-config-on-exit" in daemon["command"]
     assert daemon["securityContext"] == {"privileged": True}
-    assert daemon["readinessProbe"]["exec"]["command"] == READY_PROBE
+    assert daemon["readinessProbe"]["httpGet"] == READYZ
     mounts = {m["mountPath"]: m for m in daemon["volumeMounts"]}
     assert set(mounts) == {"/etc/cni/net.d", "/opt/cni/bin", "/run/nicop", "/var/run/netns",
                            "/var/lib/cni", "/var/lib/kubelet/pod-resources"}

@@ -129,7 +129,7 @@ def test_pip_builds_the_nicop_command_from_the_build_context_alone(tmp_path: Pat
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         entry_points = next(z.read(n).decode() for n in names if n.endswith("entry_points.txt"))
-    assert re.search(r"^nicop = nicop\.cli:main$", entry_points, re.M)
+    assert re.search(r"^nicop = nicop\.__main__:main$", entry_points, re.M)
     package_files = {str(p.relative_to(ROOT / "src")) for p in (ROOT / "src" / "nicop").rglob("*")
                      if p.is_file() and p.suffix in (".py", ".yaml", ".json", ".typed")
                      and "__pycache__" not in p.parts}

@@ -129,7 +129,8 @@ def driver_run(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        metrics = await serve_metrics(metrics_port)
+        # Its readiness is its exec probes' (the loaded driver), not a /readyz.
+        metrics = await serve_metrics(metrics_port, ready=lambda: True)
         client = None
         # Safe load needs the API server; preflight uses it to show a refusal on the node.
         if cfg.safe_load or (cfg.node_name and (kubeconfig is not None

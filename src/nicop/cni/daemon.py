@@ -128,8 +128,7 @@ class CniDaemon:
                 tasks.append(asyncio.create_task(self.manager.run()))
             await self.start()
             marker = asyncio.create_task(self._ready_when_synced(readiness))
-            health = await serve_metrics(self.options.health_port,
-                                         ready=lambda: self.server.serving)
+            health = await serve_metrics(self.options.health_port)
             if self.cleaner is not None:
                 tasks.append(asyncio.create_task(self.cleaner.run(stop)))
             if self.client is not None:

@@ -195,10 +195,7 @@ class MultusDaemon:
         health = None
         try:
             await self.server.start()
-            health = await serve_metrics(
-                self.options.health_port,
-                ready=lambda: self.server is not None and self.server.serving
-                and self.written is not None)
+            health = await serve_metrics(self.options.health_port)
             while not stop.is_set():
                 ready = await asyncio.to_thread(self.sync_conf)
                 readiness.set(ready, "" if ready else "no 00-multus.conf yet")

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from nicop.api.agents import POD_IP_ENV
 from nicop.kube.serve import serve
+from nicop.node import readiness
 
 log = logging.getLogger(__name__)
 
@@ -30,17 +31,18 @@ def bind_address() -> str:
     return os.environ.get(POD_IP_ENV) or "0.0.0.0"
 
 
-async def serve_metrics(port: int, ready: Callable[[], bool] = lambda: True
+async def serve_metrics(port: int, ready: Callable[[], bool] = readiness.answer
                         ) -> asyncio.Server | None:
-    """Serve /metrics on `port` of the pod's IP; None when `port` is 0 or cannot be bound."""
+    """Serve /metrics on `port` of the pod's IP, and /readyz with the agent's readiness (its
+    DaemonSet's readiness probe); None when `port` is 0 or cannot be bound."""
     if not port:
         return None
     host = bind_address()
     try:
         server = await serve(host, port, ready)
     except OSError as e:
-        log.error("cannot serve /metrics on %s:%d: %s; running without metrics", host, port,
-                  e.strerror or e)
+        log.error("cannot serve /metrics and /readyz on %s:%d: %s; running without metrics, "
+                  "and not ready to the DaemonSet's probe", host, port, e.strerror or e)
         return None
     log.info("serving /metrics on %s:%d", host, port)
     return server

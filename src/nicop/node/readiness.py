@@ -1,10 +1,12 @@
-"""An agent's readiness, as a file in its own container that the DaemonSet's probe reads.
+"""An agent's readiness: what its /readyz answers, and a file in its own container.
 
 The agent knows when it is ready (its resources registered with the kubelet, its socket
-serving, its first sync done); `nicop probe-ready` turns the file into the exit code an exec
-readiness probe needs. The DaemonSet names the file in `$NICOP_READY_FILE` (the agent and its
-probe share the container's environment); without it there is nothing to write. The file exists
-while the agent is ready; why it is not is in its log.
+serving, its first sync done). Its DaemonSet's readiness probe asks /readyz on the agent's
+metrics port (nicop.node.metrics): an HTTP GET from the kubelet costs the node nothing, where an
+exec probe started a process every period. The file is for `nicop probe-ready`, the exec probe
+of a container without that port: the DaemonSet names it in `$NICOP_READY_FILE` (the agent and
+its probe share the container's environment); without it there is nothing to write. The file
+exists while the agent is ready; why it is not is in its log.
 """
 
 from __future__ import annotations
@@ -24,6 +26,14 @@ def _real(path: str | None) -> str | None:
     return Mounts.from_env().real(path) if path else None
 
 
+_answer = False  # this process's agent's readiness (one Readiness an agent)
+
+
+def answer() -> bool:
+    """Whether this process's agent said it is ready: what its /readyz serves."""
+    return _answer
+
+
 class Readiness:
     def __init__(self, path: str | None = None) -> None:
         self.path = _real(path)
@@ -31,9 +41,11 @@ class Readiness:
 
     def set(self, ready: bool, why: str = "") -> None:
         """Create or remove the file; logged when the answer changes."""
+        global _answer
         if ready == self._ready:
             return
         self._ready = ready
+        _answer = ready
         if ready:
             log.info("ready")
         elif why:

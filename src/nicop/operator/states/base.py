@@ -293,8 +293,9 @@ def agent_container(
 ) -> Obj:
     """A privileged container running `nicop <command>` from the operator's own image.
 
-    Its readiness probe asks the agent (`nicop probe-ready`), a crash shows the end of its log
-    in the container's last state (FallbackToLogsOnError), and it knows its pod (POD_ENV).
+    Its readiness probe asks the agent (/readyz on its metrics port, else `nicop probe-ready`),
+    a crash shows the end of its log in the container's last state (FallbackToLogsOnError),
+    and it knows its pod (POD_ENV).
     With `metrics_port` it declares the port `metrics` and the agent serves /metrics there, on
     the pod's IP (what a PodMonitor scrapes). Its requests and limits are the agent's budget
     (nicop.api.agents.AGENT_MEMORY) unless the section's containerResources name it.
@@ -307,7 +308,13 @@ def agent_container(
     given = {e["name"] for e in env}
     env += [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}}
             for k, v in POD_ENV.items() if k not in given]
-    if ready_probe:
+    if ready_probe and metrics_port is not None:
+        # An HTTP GET costs the node nothing: often enough for a new agent to be Ready soon.
+        extra.setdefault("readinessProbe", {
+            "httpGet": {"path": "/readyz", "port": METRICS_PORT_NAME},
+            "initialDelaySeconds": 1, "periodSeconds": 5, "timeoutSeconds": 5,
+            "failureThreshold": 3})
+    elif ready_probe:
         env.insert(0, {"name": READY_FILE_ENV, "value": READY_FILE})
         extra.setdefault("readinessProbe", {
             "exec": {"command": READY_PROBE}, "initialDelaySeconds": 1, "periodSeconds": 10,
