@@ -65,11 +65,12 @@ def seed_of(node_name: str) -> int:
     return int(tail) if tail.isdigit() else zlib.crc32(node_name.encode()) & 0xFF
 
 
-def node_address(node_name: str) -> str:
+def node_address(node_name: str, cluster: str = "") -> str:
     """The simulated node's own loopback address, the same at every start: 127.a.b.c from a
-    hash of its name (outside 127.0.0.0/16, where the control plane listens). Two names that
+    hash of its cluster (its nodes' directory) and name, outside 127.0.0.0/16, where the control
+    plane listens; node-1 of two local clusters on one machine get different ones. Two that
     hash alike would share an address; their agents would then report the port in use."""
-    h = zlib.crc32(node_name.encode())
+    h = zlib.crc32(f"{cluster}/{node_name}".encode() if cluster else node_name.encode())
     return f"127.{1 + h % 254}.{(h >> 8) & 0xFF}.{1 + (h >> 16) % 254}"
 
 
@@ -135,7 +136,7 @@ async def run(options: NodeOptions, stop: asyncio.Event) -> None:
             client, options.node_name, options.root, options.pods_dir,
             server=server, ca_data=ca_data,
             crash_backoff=options.crash_backoff, extra_env=sim_env(options),
-            host_ip=node_address(options.node_name),
+            host_ip=node_address(options.node_name, str(options.root.parent)),
         )
         log.info("node %s (%s) stands in on %s", options.node_name, profile.name, options.root)
         parts = [runner.run(stop, node),

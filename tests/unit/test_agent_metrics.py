@@ -91,9 +91,11 @@ def test_upstream_images_get_no_metrics_port() -> None:
 
 
 def test_metrics_are_served_on_the_pod_ip(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two simulated nodes' agents on the same port, each on its node's loopback address."""
+    """Two simulated nodes' agents on the same port, each on its node's loopback address (and
+    node-1 of two clusters on one machine gets two)."""
     first, second = node_address("node-1"), node_address("node-2")
     assert first != second and first.startswith("127.") and not first.startswith("127.0.")
+    assert node_address("node-1", "/tmp/nicop-a1b2c3") != node_address("node-1", "/tmp/x/n")
 
     async def main() -> list[str]:
         servers = []
