@@ -81,10 +81,13 @@ class Findings:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def check(self, invariant: str, ok: bool, detail: str = "") -> None:
+        """Count the check; a violation is kept and printed at once (a run stopped before its
+        report still shows it)."""
         with self.lock:
             self.checks[invariant] += 1
             if not ok and len(self.violations[invariant]) < 20:
                 self.violations[invariant].append(f"{time.strftime('%H:%M:%S')} {detail}")
+                print(f"  VIOLATED {invariant}: {detail}", flush=True)
 
 
 def workload(replicas: int) -> Deployment:

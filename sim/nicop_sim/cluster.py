@@ -692,6 +692,15 @@ class LocalCluster:
         if proc is not None:
             self._stop(proc)
             state.save(self.state_file)
+        # Its pods' processes die with it, but not at once (a driver agent restores the inbox
+        # driver first): its tree is removed once none is left to write there.
+        deadline = time.monotonic() + 30
+        while left := [a.pid for a in self.agents() if a.node == name]:
+            if time.monotonic() > deadline:
+                for pid in left:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            time.sleep(0.2)
         try:
             self.client().delete(Node, name)
         except ApiError as e:

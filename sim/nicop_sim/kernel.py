@@ -184,18 +184,19 @@ class SimulatedKernel:
     # -------------------------------------------------------------------- queries
     def loaded(self) -> list[str]:
         """Loaded modules, the most recently loaded first (as /proc/modules lists them)."""
-        entries = []
-        for name in self.host.listdir("/sys/module"):
-            seq = self.host.read_int(f"/sys/module/{name}/.sim/seq")
-            if seq is not None:
-                entries.append((seq, name))
+        entries = [(self.host.read_int(f"/sys/module/{name}/.sim/seq") or 0, name)
+                   for name in self.host.listdir("/sys/module") if self.is_loaded(name)]
         return [name for _, name in sorted(entries, reverse=True)]
 
     def is_loaded(self, name: str) -> bool:
+        """A module is loaded once its `initstate` is there: written last when it loads and
+        removed first when it unloads, so a process killed halfway (an agent's container
+        killed mid-unload) leaves it wholly loaded or not, as the kernel's own rmmod does."""
         return self.host.exists(f"/sys/module/{name}/initstate")
 
     def holders(self, name: str) -> list[str]:
-        return self.host.listdir(f"/sys/module/{name}/holders")
+        """The loaded modules that use `name` (a link left by one killed mid-unload is none)."""
+        return [h for h in self.host.listdir(f"/sys/module/{name}/holders") if self.is_loaded(h)]
 
     def version(self, name: str) -> str | None:
         return self.host.read(f"/sys/module/{name}/version")
@@ -224,6 +225,7 @@ class SimulatedKernel:
 
         `inbox` ignores the driver package (`modprobe -d /host`, the host's own modules).
         """
+        self._write_proc_modules()  # what a process killed before writing it left behind
         if self.is_loaded(name):
             return
         tree = "updates"
@@ -255,6 +257,7 @@ class SimulatedKernel:
 
     def rmmod(self, name: str) -> None:
         """Unload `name` alone, refusing as the kernel does while anything holds it."""
+        self._write_proc_modules()  # what a process killed before writing it left behind
         if not self.is_loaded(name):
             raise FileNotFoundError(errno.ENOENT, f"rmmod: ERROR: Module {name} is not "
                                     "currently loaded")
@@ -266,6 +269,7 @@ class SimulatedKernel:
             raise OSError(errno.EBUSY, f"rmmod: ERROR: Module {name} is in use")
         self._before_unload(name)
         module = f"/sys/module/{name}"
+        os.unlink(self.host.path(f"{module}/initstate"))  # unloaded from here on
         deps = (self.host.read(f"{module}/.sim/depends") or "").split()
         for dep in deps:
             with contextlib.suppress(FileNotFoundError):
@@ -281,7 +285,7 @@ class SimulatedKernel:
         seq = max((self.host.read_int(f"/sys/module/{m}/.sim/seq") or 0
                    for m in self.loaded()), default=0) + 1
         files = {
-            "initstate": "live", "refcnt": "0", "srcversion": str(info["srcversion"]),
+            "refcnt": "0", "srcversion": str(info["srcversion"]),
             "coresize": str(SIZES.get(name, 65536)),
             "taint": DRIVER_TAINT if tree == "updates" or build == "out-of-tree" else "",
             ".sim/seq": str(seq), ".sim/users": "0", ".sim/build": build,
@@ -298,6 +302,8 @@ class SimulatedKernel:
             link = self.host.path(f"/sys/module/{dep}/holders/{name}")
             if not os.path.lexists(link):
                 os.symlink(f"../../{name}", link)
+        self.host.path(f"{module}/initstate").write_text("live\n")  # loaded from here on
+        for dep in deps:
             self._update_refcnt(dep)
 
     def _update_refcnt(self, name: str) -> None:

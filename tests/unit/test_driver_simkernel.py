@@ -48,6 +48,25 @@ def test_rmmod_refuses_a_held_module_and_names_the_holders(
         kernel.rmmod("nvme_rdma")
 
 
+def test_an_unload_killed_halfway_leaves_the_module_unloaded_and_its_holds_gone(
+    node: tuple[SimulatedHost, SimulatedKernel],
+) -> None:
+    """A driver container killed in the middle of an rmmod (its initstate gone, its directory,
+    its hold on mlx5_core and /proc/modules not yet updated): as after a real kernel's rmmod,
+    which no process kill splits, the module is not loaded, holds nothing, and loads again."""
+    host, kernel = node
+    host.path("/sys/module/mlx5_ib/initstate").unlink()
+    assert not kernel.is_loaded("mlx5_ib") and "mlx5_ib" not in kernel.holders("mlx5_core")
+    kernel.modprobe("mlx5_ib")  # the next process sees it unloaded and loads it
+    assert kernel.holders("mlx5_core") == ["mlx5_ib"]
+    first = (host.read("/proc/modules") or "").splitlines()[0].split()
+    assert first[0] == "mlx5_ib" and first[2:4] == ["0", "-"]  # loaded last, listed first
+    host.path("/sys/module/mlx5_ib/initstate").unlink()
+    kernel.rmmod("ib_ipoib")  # any later command shows the kernel as it is
+    modules = [line.split()[0] for line in (host.read("/proc/modules") or "").splitlines()]
+    assert "mlx5_ib" not in modules and "ib_ipoib" not in modules and "mlx5_core" in modules
+
+
 def test_unloading_mlx5_takes_the_devices_and_vfs_away(
     node: tuple[SimulatedHost, SimulatedKernel],
 ) -> None:
