@@ -5,11 +5,19 @@ allocatable as before the reload."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from nicop.api.labels import MELLANOX_LABEL, MOFED_WAIT_LABEL
 from nicop.api.upgrade import ALLOCATABLE_ANNOTATION
-from nicop.operator.upgrade import components_pending, devices_missing, devices_of
+from nicop.kube.times import stamp, utcnow
+from nicop.operator.upgrade import (
+    DEVICES_SETTLE,
+    components_pending,
+    devices_missing,
+    devices_of,
+    devices_settled,
+)
 
 NS = "nvidia-network-operator"
 
@@ -86,3 +94,18 @@ def test_without_a_note_or_with_a_broken_one_nothing_is_waited_for() -> None:
     assert devices_missing(reloaded(None, {})) == []
     assert devices_missing(reloaded("not json", {})) == []
     assert devices_missing(reloaded("{}", {})) == []
+
+
+def test_allocatable_counts_only_once_a_kubelet_had_time_to_post_what_the_reload_did() -> None:
+    """A real kubelet posts the plugins' unhealthy VFs at its next node status update (10 s):
+    right after the driver is Ready, the node's allocatable can still be the one from before
+    the reload. It is read as current once the driver has been Ready for DEVICES_SETTLE; a
+    node that noted no devices does not wait."""
+    noted = reloaded('{"nvidia.com/cx6dx_vf": 8}', {"nvidia.com/cx6dx_vf": "8"})
+    just = stamp(utcnow() - timedelta(seconds=2))
+    settled = stamp(utcnow() - timedelta(seconds=DEVICES_SETTLE + 1))
+    assert not devices_settled(noted, just, DEVICES_SETTLE)
+    assert not devices_settled(noted, None, DEVICES_SETTLE)  # the new pod not Ready yet
+    assert devices_settled(noted, settled, DEVICES_SETTLE)
+    assert devices_settled(reloaded(None, {}), just, DEVICES_SETTLE)
+    assert devices_settled(reloaded('{"nvidia.com/rdma": 0}', {}), just, DEVICES_SETTLE)

@@ -116,6 +116,11 @@ READY_TIMEOUT = 1800.0
 # driver (device plugins: mofed.wait) to be ready there again; then it is uncordoned anyway,
 # with a Warning naming them.
 COMPONENTS_TIMEOUT = 300.0
+# A real kubelet posts a change of its allocatable devices at its next node status update (every
+# 10 s, nodeStatusUpdateFrequency), after the plugin saw it (nicop's rescan at rest: 5 s). Until
+# that long after its driver is ready, a node's allocatable may still show the devices as they
+# were before the reload while the plugin already reports them unhealthy: not yet read as back.
+DEVICES_SETTLE = 20.0
 ACTIVE_RECHECK = 1.0
 STEP_CONCURRENCY = 32
 
@@ -260,12 +265,14 @@ class UpgradeController:
     def __init__(self, manager: Manager, namespace: str, recorder: EventRecorder,
                  retries: int = RETRIES, retry_backoff: float = RETRY_BACKOFF,
                  ready_timeout: float = READY_TIMEOUT,
-                 requestor: RequestorOptions | None = None) -> None:
+                 requestor: RequestorOptions | None = None,
+                 devices_settle: float = DEVICES_SETTLE) -> None:
         self.client: ApiClient = manager.client
         self.recorder = recorder
         self.retries = retries
         self.retry_backoff = retry_backoff
         self.ready_timeout = ready_timeout
+        self.devices_settle = devices_settle
         self.policies = manager.informer(NCP)
         self.node_policies = manager.informer(NNP)
         self._pools: dict[str, str] = {}  # node -> the pool its driver pod was last seen in
@@ -527,12 +534,12 @@ class UpgradeController:
         pods = self.node_pods.pods(view.name)
         if pods is None:
             return False  # known once listed; the listing wakes this controller
-        pending = [*components_pending(view.node, self.components.store.items(), pods,
-                                       self.namespace), *devices_missing(view.node)]
-        if not pending:
-            return True
         ready_at = next((c.get("lastTransitionTime") for c in ((view.pod or {}).get(
             "status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+        pending = [*components_pending(view.node, self.components.store.items(), pods,
+                                       self.namespace), *devices_missing(view.node)]
+        if not pending:  # the active upgrade rechecks every second until settled
+            return devices_settled(view.node, ready_at, self.devices_settle)
         if not ready_at or _elapsed(ready_at) < COMPONENTS_TIMEOUT:
             return False
         await self.recorder.emit(view.node, "Warning", "ComponentsNotReady",
@@ -811,18 +818,32 @@ def devices_of(node: Obj) -> dict[str, int]:
     return {k: quantity(v) for k, v in allocatable.items() if "/" in k}
 
 
-def devices_missing(node: Obj) -> list[str]:
-    """The device resources that are less allocatable on the node than before its driver
-    reload (ALLOCATABLE_ANNOTATION), as "<resource> (<now> of <before> allocatable)"."""
+def devices_noted(node: Obj) -> dict[str, int]:
+    """The device resources noted as allocatable before the node's driver reload
+    (ALLOCATABLE_ANNOTATION); a hand-edited value that does not parse is none."""
     noted = ((node.get("metadata") or {}).get("annotations") or {}).get(ALLOCATABLE_ANNOTATION)
     try:
         before = json.loads(noted) if noted else {}
     except ValueError:
-        return []  # written by nicop; a hand-edited value does not hold the node
+        return {}
+    return {k: v for k, v in before.items() if isinstance(v, int) and v > 0} \
+        if isinstance(before, dict) else {}
+
+
+def devices_settled(node: Obj, driver_ready_at: str | None, settle: float) -> bool:
+    """Whether the node's allocatable devices can be read as they are after its reload: it
+    noted none, or its new driver pod has been Ready for `settle` seconds (DEVICES_SETTLE)."""
+    return not devices_noted(node) or (
+        driver_ready_at is not None and _elapsed(driver_ready_at) >= settle)
+
+
+def devices_missing(node: Obj) -> list[str]:
+    """The device resources that are less allocatable on the node than before its driver
+    reload (ALLOCATABLE_ANNOTATION), as "<resource> (<now> of <before> allocatable)"."""
+    before = devices_noted(node)
     now = devices_of(node)
     return [f"{name} ({now.get(name, 0)} of {count} allocatable)"
-            for name, count in sorted(before.items())
-            if isinstance(count, int) and now.get(name, 0) < count]
+            for name, count in sorted(before.items()) if now.get(name, 0) < count]
 
 
 def _pod_ready(pod: Obj) -> bool:
