@@ -16,7 +16,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-FLOOR = 60.0  # percent of lines; raise it as tests are added, never lower it to pass
+FLOOR = 77.0  # percent of lines (78.4 measured); raise it with new tests, never lower it
 
 
 def package_of(path: str) -> str:
