@@ -19,7 +19,13 @@ from nicop.operator.caches import trim_node, trim_pod
 from nicop.operator.drain import evictable, refusal
 from nicop.operator.nodes import container_ready
 from nicop.operator.sriov_drain import uses_resource
-from nicop.operator.upgrade import NodeView, _pod_ready, devices_missing, devices_of
+from nicop.operator.upgrade import (
+    NodeView,
+    _pod_ready,
+    devices_missing,
+    devices_of,
+    ready_since,
+)
 
 MANAGED_FIELDS = [{"manager": "kube-controller-manager", "operation": "Update",
                    "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:phase": {}}}}]
@@ -41,7 +47,9 @@ def pod() -> dict[str, Any]:
                  "volumes": [{"name": "scratch", "emptyDir": {}},
                              {"name": "token", "projected": {"sources": []}}]},
         "status": {"phase": "Running", "hostIP": "10.0.0.1", "podIP": "10.1.0.5",
-                   "conditions": [{"type": "Ready", "status": "True"}],
+                   "conditions": [{"type": "Initialized", "status": "True"},
+                                  {"type": "Ready", "status": "True",
+                                   "lastTransitionTime": "2026-01-01T00:00:05Z"}],
                    "containerStatuses": [{"name": "app", "ready": True, "restartCount": 2,
                                           "image": "pytorch", "state": {"running": {}}}]},
     }
@@ -90,6 +98,7 @@ def pod_variants() -> list[dict[str, Any]]:
         lambda p: p["status"].update(phase="Succeeded"),
         lambda p: p["status"]["containerStatuses"][0].update(ready=False),
         lambda p: p["status"].pop("containerStatuses"),
+        lambda p: p["status"].pop("conditions"),
     )
 
 
@@ -99,6 +108,7 @@ def test_every_pod_rule_decides_the_same_on_the_trimmed_pod(whole: dict[str, Any
     for rule in (
         lambda p: evictable(p, ""),
         lambda p: evictable(p, "nvidia.com/training-job=a"),
+        ready_since,  # the upgrade's waits after a driver pod is Ready count from it
         lambda p: refusal(p, False, False, "ofedDriver.upgradePolicy.drain"),
         lambda p: refusal(p, True, True, "drainSpec"),
         lambda p: uses_resource(p, "nvidia.com"),

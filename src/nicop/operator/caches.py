@@ -31,6 +31,10 @@ def trim_pod(pod: Obj) -> Obj:
                    for v in spec.get("volumes") or [] if "emptyDir" in v]:
         trimmed_spec["volumes"] = volumes
     trimmed_status: Obj = {"phase": status.get("phase")}
+    if ready := [{"type": "Ready", "status": c.get("status"),
+                  "lastTransitionTime": c.get("lastTransitionTime")}
+                 for c in status.get("conditions") or [] if c.get("type") == "Ready"]:
+        trimmed_status["conditions"] = ready  # since when: the upgrade's waits count from it
     if status.get("containerStatuses"):
         trimmed_status["containerStatuses"] = [
             {"name": c.get("name"), "ready": c.get("ready", False),

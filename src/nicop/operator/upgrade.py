@@ -534,8 +534,7 @@ class UpgradeController:
         pods = self.node_pods.pods(view.name)
         if pods is None:
             return False  # known once listed; the listing wakes this controller
-        ready_at = next((c.get("lastTransitionTime") for c in ((view.pod or {}).get(
-            "status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+        ready_at = ready_since(view.pod)
         pending = [*components_pending(view.node, self.components.store.items(), pods,
                                        self.namespace), *devices_missing(view.node)]
         if not pending:  # the active upgrade rechecks every second until settled
@@ -828,6 +827,12 @@ def devices_noted(node: Obj) -> dict[str, int]:
         return {}
     return {k: v for k, v in before.items() if isinstance(v, int) and v > 0} \
         if isinstance(before, dict) else {}
+
+
+def ready_since(pod: Obj | None) -> str | None:
+    """When the pod's Ready condition last changed (for a ready driver pod: since when)."""
+    return next((c.get("lastTransitionTime") for c in ((pod or {}).get("status") or {}).get(
+        "conditions") or [] if c.get("type") == "Ready"), None)
 
 
 def devices_settled(node: Obj, driver_ready_at: str | None, settle: float) -> bool:
