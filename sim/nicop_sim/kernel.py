@@ -226,6 +226,9 @@ class SimulatedKernel:
         `inbox` ignores the driver package (`modprobe -d /host`, the host's own modules).
         """
         self._write_proc_modules()  # what a process killed before writing it left behind
+        self._load(name, inbox)
+
+    def _load(self, name: str, inbox: bool) -> None:
         if self.is_loaded(name):
             return
         tree = "updates"
@@ -238,7 +241,7 @@ class SimulatedKernel:
                 f"/lib/modules/{self.release}")
         deps = [str(d) for d in info["depends"]]
         for dep in deps:
-            self.modprobe(dep, inbox=inbox)
+            self._load(dep, inbox)
         build = str(info["build"])
         for dep in deps:
             # A dependency the driver package also ships must come from the same build.

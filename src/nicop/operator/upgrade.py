@@ -24,7 +24,6 @@ from datetime import timedelta
 from typing import Any
 
 from prometheus_client import Counter
-from pydantic import ValidationError
 
 from nicop import logs
 from nicop.api.labels import (
@@ -41,7 +40,6 @@ from nicop.api.mellanox import (
     DrainSpec,
     DriverUpgradePolicySpec,
     WaitForCompletionSpec,
-    driver_upgrade_policy,
 )
 from nicop.api.nodes import labels_of
 from nicop.api.upgrade import (
@@ -97,6 +95,7 @@ from nicop.operator.maintenance_requestor import (
     maintenance_spec,
 )
 from nicop.operator.node_policy import NNP, selects
+from nicop.operator.states.base import RenderError, typed
 from nicop.operator.templates import what_runs
 
 log = logging.getLogger(__name__)
@@ -209,17 +208,14 @@ class Plan:
 def automatic_plan(policy: Obj) -> Plan | None:
     """The pool's plan when its policy asks for automatic upgrades (derived once per version of
     the policy, see UpgradeController._plans); a value the model refuses holds the pool."""
+    raw = ((policy.get("spec") or {}).get("ofedDriver") or {}).get("upgradePolicy") or {}
+    if not raw.get("autoUpgrade"):
+        return None
     try:
-        upgrade = driver_upgrade_policy(policy)
-    except ValidationError as e:
-        raw = ((policy.get("spec") or {}).get("ofedDriver") or {}).get("upgradePolicy") or {}
-        if not raw.get("autoUpgrade"):
-            return None
-        where = ".".join(str(p) for p in e.errors()[0]["loc"])
+        return Plan(typed(DriverUpgradePolicySpec, raw, "spec.ofedDriver.upgradePolicy"), policy)
+    except RenderError as e:
         return Plan(DriverUpgradePolicySpec(auto_upgrade=True), policy,
-                    problem=f"spec.ofedDriver.upgradePolicy.{where}: {e.errors()[0]['msg']}; "
-                    "no node of this policy is upgraded until it is valid")
-    return Plan(upgrade, policy) if upgrade.auto_upgrade else None
+                    problem=f"{e}; no node of this policy is upgraded until it is valid")
 
 
 def upgrade_slots(views: list[NodeView], max_parallel: int, max_unavailable_value: Any) -> int:
