@@ -21,7 +21,8 @@ At the end the Deployment is scaled to 0: no node may still hold an address; the
 every pod must get a VF and an address again (none leaked). Prints the faults by kind with
 their longest recovery and each invariant's result; exits 1 when an invariant broke.
 Run as root from the repository root: .venv/bin/python -m bench.soak --minutes 60
-(`--faults node-join-leave,link-flap` injects only those kinds).
+(`--faults node-join-leave,link-flap` injects only those kinds; `--each-once` every kind once,
+in random order, the short run `make test` does).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -292,15 +293,12 @@ class Soak:
                               patch_type=PatchType.MERGE, field_manager="soak")
         return self.op.reconciles().get("nicclusterpolicy", (0, 0.0))[0] > self.tick_seen
 
-    def run(self, minutes: float, faults: dict[str, int]) -> None:
+    def run(self, schedule: Iterable[str], pause: float) -> None:
+        """Inject the faults of `schedule` one at a time, each followed by its recovery and a
+        pause of up to `pause` seconds."""
         monitor = threading.Thread(target=self.monitor, daemon=True)
         monitor.start()
-        deadline = time.monotonic() + minutes * 60
-        kinds, weights = zip(*faults.items(), strict=True)
-        n = 0
-        while time.monotonic() < deadline:
-            kind = self.rng.choices(kinds, weights)[0]
-            n += 1
+        for n, kind in enumerate(schedule, start=1):
             started_at = time.monotonic()
             done, over = self.inject(kind)
             self.tick_seen = None
@@ -318,7 +316,7 @@ class Soak:
                 self.findings.recoveries[kind].append(RECOVERY_TIMEOUT)
                 self.findings.check("every workload Running again", False, f"{done}: {e}")
                 print(f"  {n:3d} {kind:18s} {done}; NOT RECOVERED: {e}", flush=True)
-            time.sleep(self.rng.uniform(5, 20))
+            time.sleep(self.rng.uniform(pause / 4, pause))
         self.final_checks()
         self.stop.set()
         monitor.join()
@@ -370,6 +368,22 @@ class Soak:
         return ok
 
 
+def timed(minutes: float, faults: dict[str, int], rng: random.Random) -> Iterator[str]:
+    """Faults picked at random by weight until `minutes` are up."""
+    deadline = time.monotonic() + minutes * 60
+    kinds, weights = zip(*faults.items(), strict=True)
+    while time.monotonic() < deadline:
+        yield rng.choices(kinds, weights)[0]
+
+
+def each_once(faults: dict[str, int], rng: random.Random) -> list[str]:
+    """Every kind once, in random order (node-join-leave twice: the node joins, then leaves):
+    the short run that covers every fault."""
+    kinds = [*faults, *(["node-join-leave"] if "node-join-leave" in faults else [])]
+    rng.shuffle(kinds)
+    return kinds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=60)
@@ -377,11 +391,19 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--faults", default=",".join(FAULTS),
                         help="the kinds of fault to inject, comma-separated")
+    parser.add_argument("--each-once", action="store_true",
+                        help="every kind once in random order instead of for --minutes")
+    parser.add_argument("--pause", type=float, default=20,
+                        help="longest pause between faults, seconds (the shortest is a quarter)")
     args = parser.parse_args()
     chosen = args.faults.split(",")
     if unknown := sorted(set(chosen) - set(FAULTS)):
         parser.error(f"unknown fault {', '.join(unknown)}; known: {', '.join(FAULTS)}")
-    print(f"soak for {args.minutes:g} minutes, seed {args.seed}", flush=True)
+    faults = {k: FAULTS[k] for k in chosen}
+    rng = random.Random(args.seed)
+    schedule = each_once(faults, rng) if args.each_once else timed(args.minutes, faults, rng)
+    length = "every fault once" if args.each_once else f"{args.minutes:g} minutes"
+    print(f"soak for {length}, seed {args.seed}", flush=True)
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp, cluster_with_operator(
             Path(tmp), NODES, ["cx6dx"], node_agents=True) as op:
         client = op.client
@@ -396,9 +418,9 @@ def main() -> None:
         took = wait("the workload Running", lambda: settled(client, args.replicas), 600)
         print(f"{args.replicas} workload pods Running with a VF and an address in {took:.0f}s",
               flush=True)
-        soak = Soak(op, Path(tmp), args.replicas, random.Random(args.seed))
+        soak = Soak(op, Path(tmp), args.replicas, rng)
         try:
-            soak.run(args.minutes, {k: FAULTS[k] for k in chosen})
+            soak.run(schedule, args.pause)
         finally:
             soak.stop.set()
             soak.op.stop()
