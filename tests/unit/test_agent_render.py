@@ -63,8 +63,8 @@ def test_kwok_skips_exactly_the_pods_the_node_stand_in_runs() -> None:
 
 
 def test_a_section_picks_nicop_by_image_name() -> None:
-    assert uses_nicop({"image": "nicop"})
-    assert not uses_nicop({"image": "doca-driver", "repository": "nicop"})
+    assert uses_nicop("nicop")
+    assert not uses_nicop("doca-driver")
     assert not uses_nicop(None)
 
 

@@ -84,6 +84,6 @@ def own_image() -> str:
     return f"{IMAGE_NAME}:{version('nicop')}"
 
 
-def uses_nicop(section: dict[str, object] | None) -> bool:
-    """Whether a NicClusterPolicy section asks for nicop's agent (`image: nicop`)."""
-    return bool(section) and (section or {}).get("image") == IMAGE_NAME
+def uses_nicop(image_name: str | None) -> bool:
+    """Whether a NicClusterPolicy section's `image` asks for nicop's agent (`image: nicop`)."""
+    return image_name == IMAGE_NAME

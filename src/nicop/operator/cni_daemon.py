@@ -80,7 +80,7 @@ def render(ctx: Context, plugins: list[str]) -> list[Obj]:
     # (host-local, whereabouts) runs from the daemon.
     mounts.append({"name": "cni-bin", "mountPath": ctx.cni_bin_dir, "readOnly": True})
     install = agent_container(
-        ctx, "cni-install", {},
+        ctx, "cni-install", None,
         ["cni-install", "--host-root", "/host", "--cni-bin-dir", ctx.cni_bin_dir,
          "--socket", SOCKET, *(f"--plugin={p}" for p in plugins)],
         mounts=[bin_mount], ready_probe=False)
@@ -88,8 +88,8 @@ def render(ctx: Context, plugins: list[str]) -> list[Obj]:
            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {
                "fieldPath": "metadata.namespace"}}}]
     ds = daemonset(
-        ctx, NAME, {},
-        [agent_container(ctx, "cni-daemon", {}, ["cni-daemon", "--socket", SOCKET],
+        ctx, NAME, None,
+        [agent_container(ctx, "cni-daemon", None, ["cni-daemon", "--socket", SOCKET],
                          mounts=mounts, env=env, metrics_port=METRICS_PORTS["cni-daemon"])],
         app=NAME, volumes=volumes, service_account_name=NAME, managed_only=False,
         tolerations=[{"operator": "Exists"}], init_containers=[install],

@@ -84,8 +84,8 @@ def render_config_daemon(ctx: Context, config: Obj) -> list[Obj]:
                       *({"name": k, "value": v} for k, v in sorted(
                           (settings.config_daemon_env_vars or {}).items()))]
     ds = daemonset(
-        ctx, CONFIG_DAEMON, {},
-        [agent_container(ctx, CONFIG_DAEMON, {}, ["sriov-config-daemon", "--host-root", "/host"],
+        ctx, CONFIG_DAEMON, None,
+        [agent_container(ctx, CONFIG_DAEMON, None, ["sriov-config-daemon", "--host-root", "/host"],
                          mounts=[mount], env=env,
                          metrics_port=METRICS_PORTS["sriov-config-daemon"])],
         app=CONFIG_DAEMON, node_selector=node_selector(config), volumes=[volume],
@@ -117,12 +117,12 @@ def render_device_plugin(ctx: Context, config: Obj) -> list[Obj]:
     volumes.append({"name": "config", "configMap": {"name": CONFIG_MAP_NAME}})
     mounts.append({"name": "config", "mountPath": "/etc/pcidp", "readOnly": True})
     plugin = agent_container(
-        ctx, DEVICE_PLUGIN, {},
+        ctx, DEVICE_PLUGIN, None,
         ["sriov-device-plugin", "--config-file=/etc/pcidp/$(NODE_NAME)",
          f"--resource-prefix={resource_prefix()}"],
         mounts=mounts, env=[NODE_NAME_ENV],
         metrics_port=METRICS_PORTS["sriov-operator-device-plugin"])
-    ds = daemonset(ctx, DEVICE_PLUGIN, {}, [plugin], app=DEVICE_PLUGIN, volumes=volumes,
+    ds = daemonset(ctx, DEVICE_PLUGIN, None, [plugin], app=DEVICE_PLUGIN, volumes=volumes,
                    service_account_name=DEVICE_PLUGIN, managed_only=False,
                    tolerations=TOLERATE_ALL)
     ds["spec"]["template"]["spec"]["nodeSelector"] = {**node_selector(config),

@@ -13,6 +13,7 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -35,9 +36,13 @@ from nicop.api.labels import (
     MOFED_WAIT_LABEL,
     OWNER_VALUE,
 )
+from nicop.api.mellanox import DRADriverSpec, GlobalConfig, ImageSpec
 from nicop.kube.resources import Obj
 
 M = TypeVar("M", bound=BaseModel)
+Section = ImageSpec | DRADriverSpec
+"""A section that names containers' resources and pull secrets (the DRA driver's has no image:
+it runs nicop's)."""
 OFED_INIT_IMAGE_ENV = "OFED_INIT_CONTAINER_IMAGE"
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
@@ -66,6 +71,9 @@ class Context:
     """Everything a state may look at besides its own section."""
 
     policy: Obj
+    """The policy as stored. The states read their own section typed (`typed`); the
+    policy-wide tolerations and affinities are copied into pod templates as written (a model
+    round trip could reorder or fill them, and a changed template restarts every pod)."""
     namespace: str
     managed_nodes: list[Obj] = field(default_factory=list)
     cni_bin_dir: str = "/opt/cni/bin"
@@ -86,6 +94,11 @@ class Context:
     @property
     def spec(self) -> Obj:
         return self.policy.get("spec") or {}
+
+    @cached_property
+    def global_config(self) -> GlobalConfig:
+        """`spec.global`: the image defaults of every section."""
+        return typed(GlobalConfig, self.spec.get("global") or {}, "spec.global")
 
     @property
     def owner(self) -> str:
@@ -157,14 +170,11 @@ def content_hash(value: Any) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def image(ctx: Context, spec: Obj, path: str) -> str:
+def image(ctx: Context, spec: ImageSpec, path: str) -> str:
     """`repository/image:version` (or `@sha256:...`), with `spec.global` filling the gaps."""
-    glob = ctx.spec.get("global") or {}
-    name = spec.get("image")
-    repository = spec.get("repository") or glob.get("repository")
-    version = spec.get("version") or glob.get("version")
-    if not name:
-        raise RenderError(f"{path}.image", "is required")
+    name = spec.image
+    repository = spec.repository or ctx.global_config.repository
+    version = spec.version or ctx.global_config.version
     if not repository:
         raise RenderError(f"{path}.repository", "is empty and spec.global.repository is not set")
     if not version:
@@ -174,9 +184,9 @@ def image(ctx: Context, spec: Obj, path: str) -> str:
     return f"{repository}/{name}:{version}"
 
 
-def pull_secrets(ctx: Context, spec: Obj) -> list[Obj]:
-    names = spec.get("imagePullSecrets") or (ctx.spec.get("global") or {}).get(
-        "imagePullSecrets") or []
+def pull_secrets(ctx: Context, spec: Section | None) -> list[Obj]:
+    names = (spec.image_pull_secrets if spec else None) or ctx.global_config.image_pull_secrets
+    names = names or []
     return [{"name": n} for n in names]
 
 
@@ -215,10 +225,9 @@ def cluster_rbac(ctx: Context, name: str, rules: list[Obj]) -> list[Obj]:
     ]
 
 
-def json_config(section: Obj, path: str) -> Obj | None:
-    """The section's `config` JSON string parsed, or None when absent; bad JSON is a RenderError."""
-    raw = section.get("config")
-    if raw is None or raw == "":
+def json_config(raw: str, path: str) -> Obj | None:
+    """A section's `config` JSON string parsed, or None when absent; bad JSON is a RenderError."""
+    if not raw:
         return None
     try:
         parsed = json.loads(raw)
@@ -240,7 +249,7 @@ def host_path(name: str, path: str, mount: str | None = None,
 def container(
     name: str,
     image_name: str,
-    section: Obj,
+    section: Section | None,
     *,
     mounts: list[Obj] | None = None,
     privileged: bool = False,
@@ -256,10 +265,11 @@ def container(
     c: Obj = {"name": name, "image": image_name}
     if pull_policy:
         c["imagePullPolicy"] = pull_policy
-    given = section.get("containerResources") or []
-    entry = next((r for r in given if r.get("name") == name), None)
+    given = (section.container_resources if section else None) or []
+    entry = next((r for r in given if r.name == name), None)
     if entry is not None:
-        c["resources"] = {k: entry[k] for k in ("requests", "limits") if entry.get(k)}
+        c["resources"] = {k: v for k, v in (("requests", entry.requests),
+                                            ("limits", entry.limits)) if v}
     elif not given and default_resources:
         c["resources"] = default_resources
     if mounts:
@@ -282,7 +292,7 @@ def resources(cpu: str, memory: str, cpu_limit: str | None = None,
 def agent_container(
     ctx: Context,
     name: str,
-    section: Obj,
+    section: Section | None,
     command: list[str],
     *,
     mounts: list[Obj] | None = None,
@@ -331,7 +341,7 @@ def agent_container(
 def daemonset(
     ctx: Context,
     name: str,
-    section: Obj,
+    section: Section | None,
     containers: list[Obj],
     *,
     app: str,
@@ -414,7 +424,7 @@ CONTROL_PLANE_TOLERATION = {"key": "node-role.kubernetes.io/control-plane",
 def deployment(
     ctx: Context,
     name: str,
-    section: Obj,
+    section: Section,
     containers: list[Obj],
     *,
     tolerations: list[Obj],

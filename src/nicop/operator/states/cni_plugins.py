@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from nicop.api.mellanox import ImageSpec
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
     Context,
@@ -11,14 +12,16 @@ from nicop.operator.states.base import (
     host_path,
     image,
     resources,
+    typed,
 )
 
 NAME = "cni-plugins"
 
 
-def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
+def render(ctx: Context, section: Obj, path: str) -> list[Obj]:
     """As upstream's manifests/state-container-networking-plugins/: on every node the policy's
     affinity selects, with upstream's default resources."""
+    spec = typed(ImageSpec, section, path)
     volume, mount = host_path("cnibin", ctx.cni_bin_dir, "/host/opt/cni/bin")
     return [daemonset(
         ctx, "cni-plugins-ds", spec,

@@ -6,6 +6,7 @@ from typing import Any
 
 from nicop.api.agents import METRICS_PORTS, uses_nicop
 from nicop.api.labels import OWNER_LABEL
+from nicop.api.mellanox import DevicePluginSpec
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
     AFTER_DRIVER,
@@ -23,6 +24,7 @@ from nicop.operator.states.base import (
     json_config,
     nic_nodes,
     service_account,
+    typed,
 )
 
 HostDir = tuple[str, str, str | None]  # host path, mount path, hostPath type
@@ -30,7 +32,7 @@ HostDir = tuple[str, str, str | None]  # host path, mount path, hostPath type
 
 def device_plugin(
     ctx: Context,
-    spec: Obj,
+    section: Obj,
     path: str,
     *,
     name: str,
@@ -60,10 +62,12 @@ def device_plugin(
     upstream's DaemonSet selector and `service_account_name` the ServiceAccount upstream runs
     the plugin as. Without `config` nicop mounts no config volume (upstream's pod would wait
     for a ConfigMap it does not render)."""
-    config = json_config(spec, path)
+    spec = typed(DevicePluginSpec, section, path)
+    raw = spec.config or ""
+    config = json_config(raw, path)
     dirs = dict(host_dirs)
     mount_names, volume_names = list(mount_order), list(volume_order)
-    if spec.get("useCdi"):
+    if spec.use_cdi:
         dirs.update(cdi_dirs)
         mount_names += list(cdi_dirs)
         volume_names += list(cdi_dirs)
@@ -75,7 +79,7 @@ def device_plugin(
         volumes[volume_name], mounts[volume_name] = host_path(volume_name, host, mount_path,
                                                               type_=type_)
     if config is not None:
-        objects.append(config_map(ctx, config_map_name, {"config.json": spec["config"]}))
+        objects.append(config_map(ctx, config_map_name, {"config.json": raw}))
         volumes[config_volume] = {"name": config_volume, "configMap": {
             "name": config_map_name, "items": [{"key": "config.json", "path": "config.json"}]}}
         mounts[config_volume] = {"name": config_volume, "mountPath": config_dir}
@@ -85,7 +89,7 @@ def device_plugin(
     if account:
         objects.append(service_account(ctx, account))
     node_selector = {**nic_nodes(ctx), **AFTER_DRIVER}
-    if uses_nicop(spec):
+    if uses_nicop(spec.image):
         # Upstream's arguments (--use-cdi, --log-dir, ...): nicop's agents take them alike.
         extra: dict[str, Any] = {"args": args} if args else {}
         plugin = agent_container(ctx, container_name, spec, [agent], mounts=ordered_mounts,
@@ -108,7 +112,7 @@ def device_plugin(
     objects.append(daemonset(
         ctx, name, spec, [plugin],
         app=app, node_selector=node_selector, volumes=ordered_volumes,
-        config=spec["config"] if config is not None else None,
+        config=raw if config is not None else None,
         service_account_name=account, selector=selector, priority_class=NODE_CRITICAL,
         pod_labels={**(pod_labels or {}), OWNER_LABEL: ctx.owner},
     ))

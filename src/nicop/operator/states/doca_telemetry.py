@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from nicop.api.mellanox import DOCATelemetryServiceSpec
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
     AFTER_DRIVER,
@@ -12,17 +13,19 @@ from nicop.operator.states.base import (
     container,
     daemonset,
     image,
+    typed,
 )
 
 DEFAULT_CONFIG_MAP = "doca-telemetry-service"
 
 
-def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
-    from_config_map = (spec.get("config") or {}).get("fromConfigMap")
+def render(ctx: Context, section: Obj, path: str) -> list[Obj]:
+    spec = typed(DOCATelemetryServiceSpec, section, path)
+    from_config_map = spec.config.from_config_map if spec.config else None
     objects = []
     if from_config_map is None:
         objects.append(config_map(ctx, DEFAULT_CONFIG_MAP, {
-            "DTS_CONFIG_DIR": "/config", "DTS_IMAGE_TAG": str(spec.get("version", ""))}))
+            "DTS_CONFIG_DIR": "/config", "DTS_IMAGE_TAG": spec.version or ""}))
         source = DEFAULT_CONFIG_MAP
     elif not from_config_map:
         raise RenderError(f"{path}.config.fromConfigMap", "must name a ConfigMap")

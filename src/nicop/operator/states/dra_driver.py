@@ -13,6 +13,7 @@ from __future__ import annotations
 from nicop.api import dra
 from nicop.api.agents import METRICS_PORTS
 from nicop.api.labels import OWNER_LABEL, SRIOV_BY_DRA_LABEL
+from nicop.api.mellanox import DRADriverSpec
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
     EVENTS_RULE,
@@ -24,6 +25,7 @@ from nicop.operator.states.base import (
     host_path,
     metadata,
     service_account,
+    typed,
 )
 
 NAME = "nicop-dra-driver"
@@ -58,9 +60,10 @@ HOST_DIRS = {"plugins": dra.PLUGINS_DIR, "plugins-registry": dra.REGISTRY_DIR, "
              "sys": "/sys", "devs": "/dev"}
 
 
-def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
+def render(ctx: Context, section: Obj, path: str) -> list[Obj]:
     """The plugin's ServiceAccount and RBAC, its DaemonSet (one per NicNodePolicy, named by the
     policy's hash as the device plugins are) and the two DeviceClasses claims name."""
+    spec = typed(DRADriverSpec, section, path)
     volumes, mounts = [], []
     for volume_name, host in HOST_DIRS.items():
         volume, mount = host_path(volume_name, host,
@@ -68,12 +71,12 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
         volumes.append(volume)
         mounts.append(mount)
     node_name = {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
-    command = [AGENT, *(["--shared-rdma"] if spec.get("sharedRdma") else []),
-               *(["--sriov-resources"] if spec.get("sriovResources") else [])]
+    command = [AGENT, *(["--shared-rdma"] if spec.shared_rdma else []),
+               *(["--sriov-resources"] if spec.sriov_resources else [])]
     plugin = agent_container(ctx, "dra-plugin", spec, command, mounts=mounts, env=[node_name],
                              metrics_port=METRICS_PORTS[AGENT])
     app = f"{NAME}{ctx.name_suffix}"
-    sriov_by_dra = {SRIOV_BY_DRA_LABEL: "true"} if spec.get("sriovResources") else {}
+    sriov_by_dra = {SRIOV_BY_DRA_LABEL: "true"} if spec.sriov_resources else {}
     classes = [{**c, "metadata": {**c["metadata"], **metadata(ctx, c["metadata"]["name"],
                                                                 namespaced=False)}}
                for c in dra.device_classes()]

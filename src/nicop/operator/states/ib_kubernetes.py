@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from nicop.api.mellanox import IBKubernetesSpec
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
     CONTROL_PLANE_TOLERATION,
@@ -16,6 +17,7 @@ from nicop.operator.states.base import (
     image,
     resources,
     service_account,
+    typed,
 )
 
 NAME = "ib-kubernetes"
@@ -25,21 +27,21 @@ def field_ref(name: str, path: str) -> Obj:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
+def render(ctx: Context, section: Obj, path: str) -> list[Obj]:
     """As upstream's manifests/state-ib-kubernetes/: one replica, replaced (never two at once:
     both would program the same PKeys), on the host network."""
-    for field in ("pKeyGUIDPoolRangeStart", "pKeyGUIDPoolRangeEnd", "ufmSecret"):
-        if not spec.get(field):
-            raise RenderError(f"{path}.{field}", "is required")
-    secret = spec["ufmSecret"]
+    spec = typed(IBKubernetesSpec, section, path)
+    secret = spec.ufm_secret
+    if not secret:
+        raise RenderError(f"{path}.ufmSecret", "must name the Secret with the UFM credentials")
     env = [
         field_ref("K8S_NODE", "spec.nodeName"),
         field_ref("POD_NAMESPACE", "metadata.namespace"),
         field_ref("POD_UID", "metadata.uid"),
         {"name": "DAEMON_SM_PLUGIN", "value": "ufm"},
-        {"name": "DAEMON_PERIODIC_UPDATE", "value": str(spec.get("periodicUpdateSeconds", 5))},
-        {"name": "GUID_POOL_RANGE_START", "value": spec["pKeyGUIDPoolRangeStart"]},
-        {"name": "GUID_POOL_RANGE_END", "value": spec["pKeyGUIDPoolRangeEnd"]},
+        {"name": "DAEMON_PERIODIC_UPDATE", "value": str(spec.periodic_update_seconds)},
+        {"name": "GUID_POOL_RANGE_START", "value": spec.p_key_guid_pool_range_start},
+        {"name": "GUID_POOL_RANGE_END", "value": spec.p_key_guid_pool_range_end},
     ] + [
         {"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key,
                                                      **({"optional": True} if optional else {})}}}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from nicop.api.agents import METRICS_PORTS, MULTUS_SOCKET, SOCKET_DIR, uses_nicop
 from nicop.api.dra import DRIVER
+from nicop.api.mellanox import MultusSpec
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
     EVENTS_RULE,
@@ -30,6 +31,7 @@ from nicop.operator.states.base import (
     image,
     resources,
     service_account,
+    typed,
 )
 
 NAME = "multus"
@@ -37,11 +39,11 @@ CONF_DIR = "/tmp/multus-conf"  # where the configured file is mounted in the con
 CONF_FILE = "00-multus.conf"
 
 
-def policy_config(ctx: Context, spec: Obj, objects: list[Obj], volumes: list[Obj],
+def policy_config(ctx: Context, spec: MultusSpec, objects: list[Obj], volumes: list[Obj],
                   mounts: list[Obj]) -> str:
     """The policy's own Multus config (`config`) as a ConfigMap mounted where Multus reads it;
     the daemon's --multus-conf-file (`auto`, a config made from the node's, without one)."""
-    config = spec.get("config")
+    config = spec.config
     if not config:
         return "auto"
     objects.append(config_map(ctx, "multus-cni-config", {"cni-conf.json": config}))
@@ -51,8 +53,9 @@ def policy_config(ctx: Context, spec: Obj, objects: list[Obj], volumes: list[Obj
     return f"{CONF_DIR}/{CONF_FILE}"
 
 
-def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
-    if uses_nicop(spec):
+def render(ctx: Context, section: Obj, path: str) -> list[Obj]:
+    spec = typed(MultusSpec, section, path)
+    if uses_nicop(spec.image):
         return render_nicop(ctx, spec)
     objects = [service_account(ctx, NAME), *cluster_rbac(ctx, NAME, [
         {"apiGroups": ["k8s.cni.cncf.io"], "resources": ["*"], "verbs": ["*"]},
@@ -72,7 +75,7 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
     # no pull policy).
     as_root = {"privileged": True, "runAsUser": 0}
     install = container(
-        "install-multus-binary", ref, {}, pull_policy=None,
+        "install-multus-binary", ref, None, pull_policy=None,
         mounts=[{**cni_bin_mount, "mountPropagation": "Bidirectional"}],
         command=["/install_multus"], args=["--type", "thin"],
         resources={"requests": {"cpu": "10m", "memory": "15Mi"}},
@@ -92,14 +95,14 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
                    command=["/thin_entrypoint"], args=args,
                    default_resources=resources("100m", "50Mi", "100m", "50Mi"),
                    securityContext=as_root, terminationMessagePolicy="FallbackToLogsOnError")],
-        app="multus", volumes=volumes, service_account_name=NAME, config=spec.get("config") or None,
+        app="multus", volumes=volumes, service_account_name=NAME, config=spec.config or None,
         managed_only=False, init_containers=[install], priority_class=NODE_CRITICAL,
         grace_period=10, selector={"name": "multus"}, pod_labels={"tier": "node"},
     ))
     return objects
 
 
-def render_nicop(ctx: Context, spec: Obj) -> list[Obj]:
+def render_nicop(ctx: Context, spec: MultusSpec) -> list[Obj]:
     """kube-multus-ds with nicop's multus daemon (upstream's selector and labels, so it takes
     over upstream's DaemonSet in place)."""
     objects = [service_account(ctx, NAME), *cluster_rbac(ctx, NAME, [
@@ -125,7 +128,7 @@ def render_nicop(ctx: Context, spec: Obj) -> list[Obj]:
         mounts.append(mount)
     conf_file = policy_config(ctx, spec, objects, volumes, mounts)
     install = agent_container(
-        ctx, "install-multus-shim", {},
+        ctx, "install-multus-shim", None,
         ["multus-install", "--host-root", "/host", "--cni-bin-dir", ctx.cni_bin_dir,
          "--socket", MULTUS_SOCKET],
         mounts=[{"name": "cni-bin", "mountPath": f"/host{ctx.cni_bin_dir}"}], ready_probe=False)
@@ -138,7 +141,7 @@ def render_nicop(ctx: Context, spec: Obj) -> list[Obj]:
     objects.append(daemonset(
         ctx, "kube-multus-ds", spec, [daemon],
         app="multus", node_selector=LINUX, volumes=volumes, service_account_name=NAME,
-        config=spec.get("config") or None, managed_only=False, init_containers=[install],
+        config=spec.config or None, managed_only=False, init_containers=[install],
         priority_class=NODE_CRITICAL, grace_period=10, selector={"name": "multus"},
         pod_labels={"tier": "node"},
     ))

@@ -5,6 +5,7 @@ its own for either: they run upstream's images."""
 
 from __future__ import annotations
 
+from nicop.api.mellanox import NicConfigurationOperatorSpec
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
     AFTER_DRIVER,
@@ -22,6 +23,7 @@ from nicop.operator.states.base import (
     image,
     metadata,
     service_account,
+    typed,
 )
 from nicop.operator.states.component_crds import preserved_crd
 from nicop.operator.states.partial import PartialState
@@ -73,10 +75,12 @@ def _resources(c: Obj, default: Obj) -> Obj:
     return c
 
 
-def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
-    operator, daemon = spec.get("operator") or {}, spec.get("configurationDaemon") or {}
-    env = [{"name": "LOG_LEVEL", "value": spec.get("logLevel", "info")}, *(spec.get("env") or [])]
-    storage = spec.get("nicFirmwareStorage")
+def render(ctx: Context, section: Obj, path: str) -> list[Obj]:
+    """As upstream's manifests; the env is copied as written (as the driver's)."""
+    spec = typed(NicConfigurationOperatorSpec, section, path)
+    operator, daemon = spec.operator, spec.configuration_daemon
+    env = [{"name": "LOG_LEVEL", "value": spec.log_level}, *(section.get("env") or [])]
+    storage = spec.nic_firmware_storage
     objects = [preserved_crd(ctx, GROUP, "v1alpha1", kind, plural)
                for kind, plural in KINDS.items()]
     objects += [service_account(ctx, NAME), *cluster_rbac(ctx, NAME, _rules()),
@@ -86,14 +90,14 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
     daemon_mounts: list[Obj] = []
     volumes: list[Obj] = []
     if storage is not None:
-        claim = storage.get("pvcName", "nic-fw-storage-pvc")
-        if storage.get("create", True):
+        claim = storage.pvc_name
+        if storage.create:
             pvc: Obj = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                         "metadata": metadata(ctx, claim),
                         "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {
-                            "storage": storage.get("availableStorageSize", "1Gi")}}}}
-            if storage.get("storageClassName"):
-                pvc["spec"]["storageClassName"] = storage["storageClassName"]
+                            "storage": storage.available_storage_size}}}}
+            if storage.storage_class_name:
+                pvc["spec"]["storageClassName"] = storage.storage_class_name
             objects.append(pvc)
         volumes = [{"name": "firmware-cache", "persistentVolumeClaim": {"claimName": claim}}]
         operator_mounts = [{"name": "firmware-cache", "mountPath": "/nic-firmware",

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from nicop.api.mellanox import ImageSpec
 from nicop.kube.resources import Obj
-from nicop.operator.states.base import Context, State, container, daemonset, host_path, image
+from nicop.operator.states.base import (
+    Context,
+    State,
+    container,
+    daemonset,
+    host_path,
+    image,
+    typed,
+)
 
 
-def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
+def render(ctx: Context, section: Obj, path: str) -> list[Obj]:
+    spec = typed(ImageSpec, section, path)
     volume, mount = host_path("features-d", "/etc/kubernetes/node-feature-discovery/features.d",
                               type_="DirectoryOrCreate")
     return [daemonset(

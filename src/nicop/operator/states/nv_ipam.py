@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from nicop.api.mellanox import NVIPAMSpec
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
     CONTROL_PLANE_TOLERATION,
@@ -17,6 +18,7 @@ from nicop.operator.states.base import (
     image,
     resources,
     service_account,
+    typed,
 )
 
 CONTROLLER = "nv-ipam-controller"
@@ -27,7 +29,8 @@ POOLS = {"apiGroups": ["nv-ipam.nvidia.com"], "resources": ["ippools", "cidrpool
          "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}
 
 
-def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
+def render(ctx: Context, section: Obj, path: str) -> list[Obj]:
+    spec = typed(NVIPAMSpec, section, path)
     ref = image(ctx, spec, path)
     nodes_rule = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
     pods_rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
@@ -43,7 +46,7 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
     ]
 
 
-def node_agent(ctx: Context, spec: Obj, ref: str) -> Obj:
+def node_agent(ctx: Context, spec: NVIPAMSpec, ref: str) -> Obj:
     """Upstream's nv-ipam-node (manifests/state-nv-ipam-cni/040-nv-ipam-node.yaml): the node
     daemon and its CNI shim, installed into the host's CNI directories, in the pod network."""
     dirs = [("cnibin", ctx.cni_bin_dir, "/opt/cni/bin"),
@@ -70,7 +73,7 @@ def node_agent(ctx: Context, spec: Obj, ref: str) -> Obj:
                      selector={"name": NODE}, pod_labels={"component": NODE})
 
 
-def controller(ctx: Context, spec: Obj, ref: str) -> Obj:
+def controller(ctx: Context, spec: NVIPAMSpec, ref: str) -> Obj:
     """Two leader-electing replicas, as upstream's (040-nv-ipam-controller.yaml): on different
     nodes where the scheduler can, so a node lost does not stop pool allocation for new
     nodes."""
@@ -78,7 +81,7 @@ def controller(ctx: Context, spec: Obj, ref: str) -> Obj:
                  "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}
     args = ["--leader-elect=true", "--leader-elect-namespace=$(POD_NAMESPACE)",
             "--ippools-namespace=$(POD_NAMESPACE)"]
-    if spec.get("enableWebhook"):
+    if spec.enable_webhook:
         args.append("--webhook=true")
     manager = container(
         CONTROLLER, ref, spec, command=["/ipam-controller"], args=args, env=[namespace],

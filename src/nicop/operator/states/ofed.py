@@ -131,14 +131,14 @@ def probes(driver: OFEDDriverSpec, startup: list[str], liveness: list[str],
             "readinessProbe": probe(driver.readiness_probe, "readinessProbe", readiness)}
 
 
-def driver_image(ctx: Context, spec: Obj, driver: OFEDDriverSpec, path: str, os_id: str,
+def driver_image(ctx: Context, driver: OFEDDriverSpec, path: str, os_id: str,
                  os_version: str, kernel: str, arch: str) -> str:
     """Upstream's driver image for a pool: `<version>-<ID><VERSION_ID>-<arch>`, or with
     `forcePrecompiled` the precompiled tag `<version>-<kernel>-<ID><VERSION_ID>-<arch>`.
     nicop polls no registry: without `forcePrecompiled` it uses the image that compiles on the
     node; with it, the precompiled tag (a missing tag shows as the pods' image pull error,
     and the state's status names the image it expects)."""
-    ref = image(ctx, spec, path)
+    ref = image(ctx, driver, path)
     if "@sha256:" in ref:
         return ref
     if driver.force_precompiled:
@@ -176,10 +176,11 @@ def check_upgrade_selectors(upgrade: DriverUpgradePolicySpec | None, path: str) 
             raise RenderError(f"{path}.upgradePolicy.{section}.podSelector", str(e)) from None
 
 
-def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
-    """The section's settings are read from its model; the generic builders (image, container,
-    pull secrets) and the env, rendered as the user wrote it, take the section as given."""
-    driver = typed(OFEDDriverSpec, spec, path)
+def render(ctx: Context, section: Obj, path: str) -> list[Obj]:
+    """The section is read as its model, but for the env: rendered as the user wrote it (a
+    model round trip could reorder it, and a changed template reloads every driver)."""
+    driver = typed(OFEDDriverSpec, section, path)
+    env: list[Obj] = section.get("env") or []
     check_upgrade_selectors(driver.upgrade_policy, path)
     grouped, _ = pools(ctx.managed_nodes)
     objects: list[Obj] = [service_account(ctx, NAME), *cluster_rbac(ctx, NAME, [
@@ -188,7 +189,7 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
         # nicop's driver agent records why it holds a reload (nicop.node.preflight).
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     ])]
-    nicop = uses_nicop(spec)
+    nicop = uses_nicop(driver.image)
     init_image = None if nicop else ctx.ofed_init_image
     if init_image:
         objects.append(config_map(ctx, INIT_CONFIG_MAP, {"config.json": init_config(driver)}))
@@ -217,14 +218,14 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
             "serviceAccountName": NAME,
             "hostNetwork": True,
         }
-        if secrets := pull_secrets(ctx, spec):
+        if secrets := pull_secrets(ctx, driver):
             pod_spec["imagePullSecrets"] = secrets
         if init_image:
-            pod_spec["initContainers"] = [init_container(ctx, spec, init_image)]
+            pod_spec["initContainers"] = [init_container(ctx, env, init_image)]
             for name, host, mount in INIT_MOUNTS:
                 volumes.append(host_path(name, host, mount, type_="Directory")[0])
         pod_spec["containers"] = [driver_container(
-            ctx, spec, driver, path, mounts, (os_id, os_version, kernel, arch))]
+            ctx, driver, env, path, mounts, (os_id, os_version, kernel, arch))]
         pod_spec["terminationGracePeriodSeconds"] = driver.termination_grace_period_seconds
         pod_spec["volumes"] = volumes
         pod_spec["nodeSelector"] = {MELLANOX_LABEL: "true", OS_LABEL: os_id,
@@ -270,25 +271,24 @@ def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
     return objects
 
 
-def init_container(ctx: Context, spec: Obj, ref: str) -> Obj:
+def init_container(ctx: Context, env: list[Obj], ref: str) -> Obj:
     """Upstream's network-operator-init-container: module checks and the safe-load wait."""
     return {
         "name": INIT_CONTAINER, "imagePullPolicy": "IfNotPresent", "image": ref,
         "args": ["--node-name", "$(NODE_NAME)", "--configmap-name", INIT_CONFIG_MAP,
                  "--configmap-namespace", ctx.namespace, "--configmap-key", "config.json"],
         "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-                *driver_env(spec, False)],
+                *driver_env(env, False)],
         "volumeMounts": [{"name": name, "mountPath": mount, "readOnly": True}
                          for name, _, mount in INIT_MOUNTS],
     }
 
 
-def driver_env(spec: Obj, nicop: bool, version: str = "") -> list[Obj]:
+def driver_env(given: list[Obj], nicop: bool, version: str = "") -> list[Obj]:
     """The section's `env` with upstream's defaults it does not set: after it, as upstream
     appends them to the section's env (so the init container gets them too). nicop's agent
     also reads its version and node from here, its defaults first (as nicop always rendered
     them: a reordering would read as a new driver)."""
-    given = spec.get("env") or []
     names = {e.get("name") for e in given}
     defaults: list[Obj] = [
         {"name": "CREATE_IFNAMES_UDEV", "value": "true"},
@@ -303,27 +303,27 @@ def driver_env(spec: Obj, nicop: bool, version: str = "") -> list[Obj]:
     return [*(e for e in defaults if e["name"] not in names), *given]
 
 
-def driver_container(ctx: Context, spec: Obj, driver: OFEDDriverSpec, path: str,
+def driver_container(ctx: Context, driver: OFEDDriverSpec, env: list[Obj], path: str,
                      mounts: list[Obj], pool: tuple[str, str, str, str]) -> Obj:
     """Upstream's driver container, or nicop's driver agent (`image: nicop`) with probes that
     ask it, from the same mounts, environment and probe timings."""
-    if uses_nicop(spec):
+    if uses_nicop(driver.image):
         if not driver.version:
             raise RenderError(f"{path}.version", "is the driver version nicop's driver agent "
                               "installs (e.g. 25.10-1.2.8.0); set it")
         return agent_container(
-            ctx, DRIVER_CONTAINER, spec,
+            ctx, DRIVER_CONTAINER, driver,
             ["driver", "run", *(["--safe-load"] if safe_load(driver) else []),
              *(["--force-precompiled"] if driver.force_precompiled else [])],
-            mounts=mounts, env=driver_env(spec, True, driver.version), ready_probe=False,
+            mounts=mounts, env=driver_env(env, True, driver.version), ready_probe=False,
             metrics_port=METRICS_PORTS["driver"],
             **probes(driver, ["nicop", "driver", "probe", "startup"],
                      ["nicop", "driver", "probe", "liveness"],
                      ["nicop", "driver", "probe", "readiness"]))
     loaded = ["sh", "-c", "lsmod | grep mlx5_core"]
     c = container(
-        DRIVER_CONTAINER, driver_image(ctx, spec, driver, path, *pool), spec,
-        mounts=mounts, env=driver_env(spec, False),
+        DRIVER_CONTAINER, driver_image(ctx, driver, path, *pool), driver,
+        mounts=mounts, env=driver_env(env, False),
         **probes(driver, ["sh", "-c", f"ls {DRIVER_READY_FILE}"], loaded, loaded),
     )
     c["securityContext"] = {"privileged": True, "seLinuxOptions": {"level": "s0"}}

@@ -6,6 +6,7 @@ for it: it runs upstream's image."""
 from __future__ import annotations
 
 from nicop.api.labels import MELLANOX_LABEL
+from nicop.api.mellanox import SpectrumXOperatorSpec
 from nicop.kube.resources import Obj
 from nicop.operator.states.base import (
     Context,
@@ -16,6 +17,7 @@ from nicop.operator.states.base import (
     host_path,
     image,
     service_account,
+    typed,
 )
 from nicop.operator.states.component_crds import preserved_crd
 
@@ -45,15 +47,15 @@ RULES: list[Obj] = [
 ]
 
 
-def render(ctx: Context, spec: Obj, path: str) -> list[Obj]:
+def render(ctx: Context, section: Obj, path: str) -> list[Obj]:
+    spec = typed(SpectrumXOperatorSpec, section, path)
     env: list[Obj] = []
-    xplane = spec.get("xPlane") or {}
-    if xplane.get("version"):
-        env += [{"name": "XPLANE_REPOSITORY", "value": xplane.get("repository") or ""},
-                {"name": "XPLANE_IMAGE", "value": xplane.get("image") or ""},
-                {"name": "XPLANE_VERSION", "value": xplane["version"]},
-                {"name": "IMAGE_PULL_SECRETS",
-                 "value": ",".join(xplane.get("imagePullSecrets") or [])}]
+    xplane = spec.x_plane
+    if xplane and xplane.version:
+        env += [{"name": "XPLANE_REPOSITORY", "value": xplane.repository or ""},
+                {"name": "XPLANE_IMAGE", "value": xplane.image},
+                {"name": "XPLANE_VERSION", "value": xplane.version},
+                {"name": "IMAGE_PULL_SECRETS", "value": ",".join(xplane.image_pull_secrets)}]
     env += [{"name": "POD_NAMESPACE",
              "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
             {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
