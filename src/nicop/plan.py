@@ -70,10 +70,11 @@ from nicop.operator.drain import evictable, pod_name, refusal
 from nicop.operator.node_policy import NNP, NNP_STATES, selects
 from nicop.operator.sriov import (
     DEFAULT_DAEMON_NODE_SELECTOR,
+    judge,
     labels_match,
     node_state_spec,
+    read_policies,
 )
-from nicop.operator.sriov import refusals as sriov_refusals
 from nicop.operator.sriov_drain import (
     NODE_STATE,
     OPERATOR_CONFIG,
@@ -658,13 +659,11 @@ async def _sriov_effects(client: ApiClient, result: Plan, cluster: Cluster, stor
     nodes = sorted((n for n in cluster.nodes if labels_match(selector, n)),
                    key=lambda n: n["metadata"]["name"])
     found = {n: ((s.get("status") or {}).get("interfaces") or []) for n, s in states.items()}
-    refused = sriov_refusals(planned, nodes, found)
+    accepted, refused = judge(read_policies(planned), nodes, found)
     if name in refused:
         change.action, change.note = "refused", f"the operator would refuse it: {refused[name][1]}"
         return
-    accepted_before = [p for p in live if p["metadata"]["name"] not in sriov_refusals(
-        live, nodes, found)]
-    accepted = [p for p in planned if p["metadata"]["name"] not in refused]
+    accepted_before, _ = judge(read_policies(live), nodes, found)
     by_node = cluster.pods_on()
     no_drain = bool(settings.disable_drain)
     prefix = resource_prefix()

@@ -10,7 +10,13 @@ from typing import Any
 import yaml
 
 from nicop.node.sriov_daemon import discover
-from nicop.operator.sriov import device_plugin_config, node_state_spec, refusals
+from nicop.operator.sriov import (
+    NodePolicy,
+    device_plugin_config,
+    judge,
+    node_state_spec,
+    read_policies,
+)
 from nicop_sim.hardware import SimulatedHost
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,6 +33,19 @@ def policy(name: str, numvfs: int = 8, priority: int = 99, created: str = "2025-
                      "deviceType": "netdevice", "nicSelector": nic, **spec}}
 
 
+def read(*objs: dict[str, Any]) -> list[NodePolicy]:
+    """The policies as the controller reads them (each one readable)."""
+    policies, refused = read_policies(objs)
+    assert not refused
+    return policies
+
+
+def refusals(objs: list[dict[str, Any]], nodes: list[dict[str, Any]],
+             nics: dict[str, list[dict[str, Any]]]) -> dict[str, tuple[str, str]]:
+    """What the controller refuses, and why: unreadable policies and failed checks."""
+    return judge(read_policies(objs), nodes, nics)[1]
+
+
 def found(tmp_path: Path, numvfs: int = 0) -> list[dict[str, Any]]:
     """What a config daemon reports for a ConnectX-6 Dx node."""
     host = SimulatedHost.build(tmp_path, "cx6dx")
@@ -36,7 +55,7 @@ def found(tmp_path: Path, numvfs: int = 0) -> list[dict[str, Any]]:
 
 
 def test_one_policy_configures_the_selected_pf(tmp_path: Path) -> None:
-    spec = node_state_spec([policy("cx6dx-vf", mtu=9000, isRdma=True)], NODE, found(tmp_path))
+    spec = node_state_spec(read(policy("cx6dx-vf", mtu=9000, isRdma=True)), NODE, found(tmp_path))
     assert spec == {"interfaces": [{
         "pciAddress": "0000:3b:00.0", "numVfs": 8, "mtu": 9000, "name": PF0,
         "vfGroups": [{"resourceName": "cx6dx_vf", "deviceType": "netdevice", "vfRange": "0-7",
@@ -47,13 +66,13 @@ def test_one_policy_configures_the_selected_pf(tmp_path: Path) -> None:
 def test_a_policy_for_other_nodes_or_nics_configures_nothing(tmp_path: Path) -> None:
     other_node = policy("a", nodeSelector={"sriov": "no"})
     intel = policy("b", nicSelector={"vendor": "8086"})
-    assert node_state_spec([other_node, intel], NODE, found(tmp_path)) == {"interfaces": []}
+    assert node_state_spec(read(other_node, intel), NODE, found(tmp_path)) == {"interfaces": []}
 
 
 def test_vf_ranges_of_one_pf_become_separate_groups(tmp_path: Path) -> None:
     a = policy("split-a", nicSelector={"pfNames": [f"{PF0}#0-3"]})
     b = policy("split-b", nicSelector={"pfNames": [f"{PF0}#4-7"]})
-    (iface,) = node_state_spec([a, b], NODE, found(tmp_path))["interfaces"]
+    (iface,) = node_state_spec(read(a, b), NODE, found(tmp_path))["interfaces"]
     assert iface["numVfs"] == 8
     assert sorted((g["resourceName"], g["vfRange"]) for g in iface["vfGroups"]) == [
         ("split_a", "0-3"), ("split_b", "4-7")]
@@ -62,7 +81,7 @@ def test_vf_ranges_of_one_pf_become_separate_groups(tmp_path: Path) -> None:
 def test_the_highest_priority_wins_a_shared_pf(tmp_path: Path) -> None:
     low = policy("low", numvfs=8, priority=50, mtu=9000)
     high = policy("high", numvfs=4, priority=10, mtu=1500)
-    (iface,) = node_state_spec([high, low], NODE, found(tmp_path))["interfaces"]
+    (iface,) = node_state_spec(read(high, low), NODE, found(tmp_path))["interfaces"]
     assert (iface["numVfs"], iface["mtu"]) == (4, 1500)
     assert [g["policyName"] for g in iface["vfGroups"]] == ["high"]
 
@@ -70,7 +89,7 @@ def test_the_highest_priority_wins_a_shared_pf(tmp_path: Path) -> None:
 def test_equal_priorities_take_the_largest_numvfs_and_mtu(tmp_path: Path) -> None:
     a = policy("a", numvfs=4, mtu=9000, resourceName="same")
     b = policy("b", numvfs=8, mtu=1500, resourceName="same")
-    (iface,) = node_state_spec([a, b], NODE, found(tmp_path))["interfaces"]
+    (iface,) = node_state_spec(read(a, b), NODE, found(tmp_path))["interfaces"]
     assert (iface["numVfs"], iface["mtu"]) == (8, 9000)
 
 
@@ -113,14 +132,15 @@ def test_a_policy_without_spec_is_refused_and_the_others_still_apply(tmp_path: P
     reason, message = refused["bare"]
     assert reason == "MissingFields"
     assert "spec.resourceName, spec.nodeSelector, spec.numVfs, spec.nicSelector missing" in message
-    assert [i["pciAddress"] for i in node_state_spec([good], NODE, nics["node-2"])["interfaces"]]
+    applied = node_state_spec(read(good), NODE, nics["node-2"])["interfaces"]
+    assert [i["pciAddress"] for i in applied]
 
 
 def test_device_plugin_config_maps_each_resource_to_its_vfs(tmp_path: Path) -> None:
     a = policy("split-a", nicSelector={"vendor": "15b3", "deviceID": "101d",
                                        "pfNames": [f"{PF0}#0-3"]}, isRdma=True, linkType="eth")
     b = policy("split-b", nicSelector={"pfNames": [f"{PF0}#4-7"]}, deviceType="vfio-pci")
-    config = device_plugin_config([b, a], NODE, found(tmp_path, 8))
+    config = device_plugin_config(read(b, a), NODE, found(tmp_path, 8))
     assert config == {"resourceList": [
         {"resourceName": "split_a", "selectors": {
             "vendors": ["15b3"], "devices": ["101e"], "pfNames": [f"{PF0}#0-3"],
@@ -133,7 +153,7 @@ def test_device_plugin_config_maps_each_resource_to_its_vfs(tmp_path: Path) -> N
 def test_policies_sharing_a_resource_share_one_entry(tmp_path: Path) -> None:
     a = policy("port0", resourceName="vf", nicSelector={"pfNames": [PF0]})
     b = policy("port1", resourceName="vf", nicSelector={"pfNames": [PF1]})
-    config = device_plugin_config([a, b], NODE, found(tmp_path))
+    config = device_plugin_config(read(a, b), NODE, found(tmp_path))
     assert config["resourceList"] == [
         {"resourceName": "vf", "selectors": {"pfNames": [PF0, PF1], "IsRdma": False}}]
 
@@ -144,8 +164,32 @@ def test_the_example_policy_renders_for_the_example_nic(tmp_path: Path) -> None:
     interfaces = found(tmp_path)
     for iface in interfaces:  # the example names the ports ens1f0 and ens1f1
         iface["name"] = {PF0: "ens1f0", PF1: "ens1f1"}[iface["name"]]
-    spec = node_state_spec([example], node, interfaces)
+    spec = node_state_spec(read(example), node, interfaces)
     assert [(i["name"], i["numVfs"], i["mtu"]) for i in spec["interfaces"]] == [
         ("ens1f0", 8, 9000), ("ens1f1", 8, 9000)]
-    config = device_plugin_config([example], node, interfaces)
+    config = device_plugin_config(read(example), node, interfaces)
     assert json.loads(json.dumps(config))["resourceList"][0]["selectors"]["devices"] == ["101e"]
+
+
+def test_a_value_the_model_refuses_is_refused_naming_the_field(tmp_path: Path) -> None:
+    """A policy stored before the schema held it (a deviceType no driver has) is read as its
+    model: refused with the field named, while the others apply."""
+    odd = policy("odd", deviceType="igb_uio")
+    good = policy("good", nicSelector={"pfNames": [PF1]})
+    nics = {"node-2": found(tmp_path)}
+    refused = refusals([odd, good], [NODE], nics)
+    assert set(refused) == {"odd"}
+    reason, message = refused["odd"]
+    assert reason == "InvalidSpec" and message.startswith("spec.deviceType in CR odd: ")
+    assert "'netdevice' or 'vfio-pci'" in message
+
+
+def test_the_old_default_policy_is_refused_saying_to_delete_it(tmp_path: Path) -> None:
+    """Older releases created a policy named `default` that configures nothing: it is never
+    applied (not even to every node by its empty selectors), and its status says so."""
+    default = policy("default", nodeSelector={}, nicSelector={"pfNames": [PF0]})
+    nics = {"node-2": found(tmp_path)}
+    accepted, refused = judge(read_policies([default]), [NODE], nics)
+    assert accepted == []
+    assert refused["default"][0] == "DeprecatedDefaultPolicy"
+    assert "delete it" in refused["default"][1]

@@ -34,6 +34,9 @@ import json
 import logging
 import os
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from pydantic import ValidationError
 
 from nicop import logs
 from nicop.api import dra
@@ -43,12 +46,18 @@ from nicop.api.labels import (
     MANAGED_BY_VALUE,
     SRIOV_BY_DRA_LABEL,
 )
-from nicop.api.sriovnetwork import operator_settings, pool_settings
+from nicop.api.sriovnetwork import (
+    SriovNetworkNicSelector,
+    SriovNetworkNodePolicySpec,
+    operator_settings,
+    pool_settings,
+)
 from nicop.kube import selectors
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.conditions import with_condition
 from nicop.kube.events import EventRecorder
 from nicop.kube.manager import Controller, Manager, Result
+from nicop.kube.memo import PerObject
 from nicop.kube.resources import CONFIGMAP, DEVICE_CLASS, NODE, POD, SRIOV_NODE_POLICY, Obj
 from nicop.kube.times import parse, stamp, utcnow
 from nicop.operator.sriov_drain import (
@@ -77,7 +86,6 @@ DEPRECATED_DEFAULT_POLICY = "default"
 ACCEPTED = "Accepted"
 MELLANOX = "15b3"
 MELLANOX_MAX_VFS = 128
-DEFAULT_PRIORITY = 99
 
 # PF device -> VF device of the NICs upstream lists in its supported-nic-ids ConfigMap; the
 # device plugin selects VFs by their device ID. For other NICs the node state tells.
@@ -93,23 +101,78 @@ VF_DEVICE_IDS = {
 }
 
 
-# ------------------------------------------------------------------------------ selection
-
-def spec_of(obj: Obj) -> Obj:
-    return obj.get("spec") or {}
-
+# ------------------------------------------------------------------------------ reading
 
 def name_of(obj: Obj) -> str:
     return str(obj["metadata"]["name"])
 
+
+@dataclass(frozen=True)
+class NodePolicy:
+    """A SriovNetworkNodePolicy read once: its object (for its status and Events) and its spec
+    as the model. Nodes and the PFs the daemons report stay plain dicts: they are read as the
+    API server and the daemon wrote them, once per node per pass."""
+
+    obj: Obj
+    spec: SriovNetworkNodePolicySpec
+
+    @property
+    def name(self) -> str:
+        return name_of(self.obj)
+
+    @property
+    def created(self) -> str:
+        return str(self.obj["metadata"].get("creationTimestamp") or "")
+
+
+def read_policy(obj: Obj) -> NodePolicy | tuple[str, str]:
+    """The policy as its model, or why it cannot be applied (reason, message naming the
+    fields). Upstream's schema lets a policy have no spec at all; the API server's schema
+    holds the rest, so a refused value is one stored before it."""
+    name = name_of(obj)
+    try:
+        return NodePolicy(obj, SriovNetworkNodePolicySpec.model_validate(obj.get("spec") or {}))
+    except ValidationError as e:
+        errors = e.errors()
+    missing = [f"spec.{error['loc'][0]}" for error in errors
+               if error["type"] == "missing" and len(error["loc"]) == 1]
+    if missing:
+        return ("MissingFields", f"{', '.join(missing)} missing in CR {name}; a policy needs "
+                "resourceName, nodeSelector, numVfs and nicSelector")
+    error = errors[0]
+    field = ".".join(["spec", *map(str, error["loc"])])
+    return ("InvalidSpec", f"{field} in CR {name}: {error['msg']}")
+
+
+def read_policies(objs: Iterable[Obj]) -> tuple[list[NodePolicy], dict[str, tuple[str, str]]]:
+    """The policies that can be read, and the others refused: name -> (reason, message)."""
+    return split_read((obj, read_policy(obj)) for obj in objs)
+
+
+def split_read(pairs: Iterable[tuple[Obj, NodePolicy | tuple[str, str]]]
+               ) -> tuple[list[NodePolicy], dict[str, tuple[str, str]]]:
+    read: list[NodePolicy] = []
+    refused: dict[str, tuple[str, str]] = {}
+    for obj, value in pairs:
+        if name_of(obj) == DEPRECATED_DEFAULT_POLICY:
+            refused[name_of(obj)] = ("DeprecatedDefaultPolicy", "the `default` policy of "
+                                     "older releases configures nothing; delete it")
+        elif isinstance(value, NodePolicy):
+            read.append(value)
+        else:
+            refused[name_of(obj)] = value
+    return read, refused
+
+
+# ------------------------------------------------------------------------------ selection
 
 def labels_match(selector: Mapping[str, str], node: Obj) -> bool:
     """Every label of the selector present on the node with that value."""
     return selectors.matches_map(selector, node["metadata"].get("labels") or {})
 
 
-def selects_node(policy: Obj, node: Obj) -> bool:
-    return labels_match(spec_of(policy).get("nodeSelector") or {}, node)
+def selects_node(policy: NodePolicy, node: Obj) -> bool:
+    return labels_match(policy.spec.node_selector, node)
 
 
 def parse_pf_name(entry: str) -> tuple[str, int, int]:
@@ -121,63 +184,57 @@ def parse_pf_name(entry: str) -> tuple[str, int, int]:
     return name, int(first), int(last)
 
 
-def nic_selected(selector: Obj, iface: Obj) -> bool:
+def nic_selected(selector: SriovNetworkNicSelector, iface: Obj) -> bool:
     """Whether a policy's nicSelector matches a PF the daemon reported (every set field)."""
-    if selector.get("vendor") and selector["vendor"] != iface.get("vendor"):
+    if selector.vendor and selector.vendor != iface.get("vendor"):
         return False
-    if selector.get("deviceID") and selector["deviceID"] != iface.get("deviceID"):
+    if selector.device_id and selector.device_id != iface.get("deviceID"):
         return False
-    if selector.get("rootDevices") and iface.get("pciAddress") not in selector["rootDevices"]:
+    if selector.root_devices and iface.get("pciAddress") not in selector.root_devices:
         return False
-    if selector.get("pfNames"):
-        names = {parse_pf_name(p)[0] for p in selector["pfNames"]}
+    if selector.pf_names:
+        names = {parse_pf_name(p)[0] for p in selector.pf_names}
         if not names & {iface.get("name"), *(iface.get("altNames") or [])}:
             return False
-    net_filter = selector.get("netFilter")
-    return not (net_filter and net_filter != iface.get("netFilter"))
+    return not (selector.net_filter and selector.net_filter != iface.get("netFilter"))
 
 
-def _any_selector(selector: Obj) -> bool:
-    return any(selector.get(k) for k in ("vendor", "deviceID", "rootDevices", "pfNames",
-                                          "netFilter"))
+def _any_selector(selector: SriovNetworkNicSelector) -> bool:
+    return any((selector.vendor, selector.device_id, selector.root_devices, selector.pf_names,
+                selector.net_filter))
 
 
-def by_priority(policies: Iterable[Obj]) -> list[Obj]:
+def by_priority(policies: Iterable[NodePolicy]) -> list[NodePolicy]:
     """Upstream's application order: the largest priority number first, ties by name, so the
     highest priority (the lowest number) is applied last and wins."""
-    return sorted(policies, key=lambda p: (-_priority(p), name_of(p)))
-
-
-def _priority(policy: Obj) -> int:
-    value = spec_of(policy).get("priority")
-    return DEFAULT_PRIORITY if value is None else int(value)
+    return sorted(policies, key=lambda p: (-p.spec.priority, p.name))
 
 
 # ------------------------------------------------------------------------------ merging
 
-def vf_group(policy: Obj, iface: Obj) -> Obj:
+def vf_group(policy: NodePolicy, iface: Obj) -> Obj:
     """The VF group a policy gives one PF: its own range of that PF, or all its VFs."""
-    spec = spec_of(policy)
-    first, last = 0, int(spec["numVfs"]) - 1
+    spec = policy.spec
+    first, last = 0, spec.num_vfs - 1
     names = {iface.get("name"), *(iface.get("altNames") or [])}
-    for entry in spec_of(policy).get("nicSelector", {}).get("pfNames") or []:
+    for entry in spec.nic_selector.pf_names or []:
         name, a, b = parse_pf_name(entry)
         if name in names:
             if a >= 0:
                 first, last = a, b
             break
     group: Obj = {
-        "resourceName": spec["resourceName"],
-        "deviceType": spec.get("deviceType") or "netdevice",
+        "resourceName": spec.resource_name,
+        "deviceType": spec.device_type,
         "vfRange": f"{first}-{last}",
-        "policyName": name_of(policy),
+        "policyName": policy.name,
     }
-    if spec.get("mtu"):
-        group["mtu"] = spec["mtu"]
-    if spec.get("isRdma"):
+    if spec.mtu:
+        group["mtu"] = spec.mtu
+    if spec.is_rdma:
         group["isRdma"] = True
-    if spec.get("vdpaType"):
-        group["vdpaType"] = spec["vdpaType"]
+    if spec.vdpa_type:
+        group["vdpaType"] = spec.vdpa_type
     return group
 
 
@@ -215,24 +272,24 @@ def _merge(existing: Obj, new: Obj, equal_priority: bool) -> None:
         new["numVfs"] = existing["numVfs"]
 
 
-def _apply_policy(policy: Obj, interfaces: list[Obj], found: list[Obj],
+def _apply_policy(policy: NodePolicy, interfaces: list[Obj], found: list[Obj],
                   equal_priority: bool) -> None:
-    spec = spec_of(policy)
-    selector = spec.get("nicSelector") or {}
-    if not _any_selector(selector) or not spec.get("numVfs"):
+    spec = policy.spec
+    if not _any_selector(spec.nic_selector) or not spec.num_vfs:
         return
     for iface in found:
-        if not nic_selected(selector, iface):
+        if not nic_selected(spec.nic_selector, iface):
             continue
-        entry: Obj = {"pciAddress": iface["pciAddress"], "numVfs": int(spec["numVfs"])}
-        if spec.get("mtu"):
-            entry["mtu"] = spec["mtu"]
+        entry: Obj = {"pciAddress": iface["pciAddress"], "numVfs": spec.num_vfs}
+        if spec.mtu:
+            entry["mtu"] = spec.mtu
         if iface.get("name"):
             entry["name"] = iface["name"]
-        for key in ("linkType", "eSwitchMode"):
-            if spec.get(key):
-                entry[key] = spec[key]
-        if spec.get("externallyManaged"):
+        if spec.link_type:
+            entry["linkType"] = spec.link_type
+        if spec.e_switch_mode:
+            entry["eSwitchMode"] = spec.e_switch_mode
+        if spec.externally_managed:
             entry["externallyManaged"] = True
         entry["vfGroups"] = [vf_group(policy, iface)]
         for i, existing in enumerate(interfaces):
@@ -244,17 +301,17 @@ def _apply_policy(policy: Obj, interfaces: list[Obj], found: list[Obj],
             interfaces.append(entry)
 
 
-def node_state_spec(policies: Iterable[Obj], node: Obj, found: list[Obj],
+def node_state_spec(policies: Iterable[NodePolicy], node: Obj, found: list[Obj],
                     rdma_mode: str | None = None) -> Obj:
     """The spec of a node's SriovNetworkNodeState: the accepted policies that select the node,
     applied to the PFs its daemon found (`found`, the node state's status.interfaces)."""
     interfaces: list[Obj] = []
     previous = 100  # no policy has this priority: the first one merges nothing
     for policy in by_priority(policies):
-        if name_of(policy) == DEPRECATED_DEFAULT_POLICY or not selects_node(policy, node):
+        if not selects_node(policy, node):
             continue
-        _apply_policy(policy, interfaces, found, previous == _priority(policy))
-        previous = _priority(policy)
+        _apply_policy(policy, interfaces, found, previous == policy.spec.priority)
+        previous = policy.spec.priority
     # Always a list, also an empty one: the API server reads an applied `spec: {}` as null and
     # refuses it, and an empty list is what tells the daemon to reset the PFs it configured.
     spec: Obj = {"interfaces": sorted(interfaces, key=lambda i: i["pciAddress"])}
@@ -284,75 +341,68 @@ def vf_device_id(vendor: str, device: str, found: list[Obj]) -> str | None:
     return None
 
 
-def device_plugin_config(policies: Iterable[Obj], node: Obj, found: list[Obj]) -> Obj:
+def device_plugin_config(policies: Iterable[NodePolicy], node: Obj, found: list[Obj]) -> Obj:
     """The SR-IOV device plugin's config for one node: one resource per resourceName, its
     selectors the union of those of the policies naming it (upstream's rendering)."""
     resources: dict[str, Obj] = {}
-    for policy in sorted(policies, key=name_of):
-        if name_of(policy) == DEPRECATED_DEFAULT_POLICY or not selects_node(policy, node):
+    for policy in sorted(policies, key=lambda p: p.name):
+        if not selects_node(policy, node):
             continue
-        spec = spec_of(policy)
-        nic = spec.get("nicSelector") or {}
-        name = spec["resourceName"]
+        spec, nic = policy.spec, policy.spec.nic_selector
+        name = spec.resource_name
         res = resources.setdefault(name, {"resourceName": name, "selectors": {}})
         sel: Obj = res["selectors"]
-        if nic.get("vendor"):
-            _unique_extend(sel.setdefault("vendors", []), [nic["vendor"]])
-        if nic.get("deviceID"):
-            device = (vf_device_id(nic.get("vendor") or "", nic["deviceID"], found)
-                      if spec.get("numVfs") else nic["deviceID"])
+        if nic.vendor:
+            _unique_extend(sel.setdefault("vendors", []), [nic.vendor])
+        if nic.device_id:
+            device = (vf_device_id(nic.vendor or "", nic.device_id, found)
+                      if spec.num_vfs else nic.device_id)
             if device:
                 _unique_extend(sel.setdefault("devices", []), [device])
-        if nic.get("pfNames"):
-            _unique_extend(sel.setdefault("pfNames", []), nic["pfNames"])
-        if spec.get("deviceType") != "vfio-pci" and spec.get("linkType"):
-            link = "infiniband" if spec["linkType"].lower() == "ib" else "ether"
+        if nic.pf_names:
+            _unique_extend(sel.setdefault("pfNames", []), nic.pf_names)
+        if spec.device_type != "vfio-pci" and spec.link_type:
+            link = "infiniband" if spec.link_type.lower() == "ib" else "ether"
             _unique_extend(sel.setdefault("linkTypes", []), [link])
-        if nic.get("rootDevices"):
-            _unique_extend(sel.setdefault("rootDevices", []), nic["rootDevices"])
-        if spec.get("deviceType") == "vfio-pci":
+        if nic.root_devices:
+            _unique_extend(sel.setdefault("rootDevices", []), nic.root_devices)
+        if spec.device_type == "vfio-pci":
             _unique_extend(sel.setdefault("drivers", []), ["vfio-pci"])
-        if nic.get("netFilter"):
+        if nic.net_filter:
             _unique_extend(sel.setdefault("pciAddresses", []), [
-                i["pciAddress"] for i in found if i.get("netFilter") == nic["netFilter"]])
-        sel["IsRdma"] = bool(spec.get("isRdma"))
-        if spec.get("needVhostNet"):
+                i["pciAddress"] for i in found if i.get("netFilter") == nic.net_filter])
+        sel["IsRdma"] = spec.is_rdma
+        if spec.need_vhost_net:
             sel["needVhostNet"] = True
-        if spec.get("vdpaType"):
-            sel["vdpaType"] = spec["vdpaType"]
-        if spec.get("excludeTopology"):
+        if spec.vdpa_type:
+            sel["vdpaType"] = spec.vdpa_type
+        if spec.exclude_topology:
             res["excludeTopology"] = True
     return {"resourceList": list(resources.values())}
 
 
 # ------------------------------------------------------------------------------ checks
 
-def _created(obj: Obj) -> str:
-    return str(obj["metadata"].get("creationTimestamp") or "")
+def judge(read: tuple[list[NodePolicy], dict[str, tuple[str, str]]], nodes: list[Obj],
+          found: Mapping[str, list[Obj]]
+          ) -> tuple[list[NodePolicy], dict[str, tuple[str, str]]]:
+    """The policies to apply, and every other one with why not: those that could not be read
+    (`read`, from read_policies) and those refused by the checks."""
+    policies, unread = read
+    refused = {**unread, **refusals(policies, nodes, found)}
+    return [p for p in policies if p.name not in refused], refused
 
 
-POLICY_REQUIRED = ("resourceName", "nodeSelector", "numVfs", "nicSelector")
-"""The spec fields a policy cannot do without (the schema requires them once `spec` is set)."""
-
-
-def refusals(policies: list[Obj], nodes: list[Obj], found: Mapping[str, list[Obj]]
+def refusals(policies: list[NodePolicy], nodes: list[Obj], found: Mapping[str, list[Obj]]
              ) -> dict[str, tuple[str, str]]:
     """Policies that must not be applied: name -> (reason, message).
 
     Policies are checked in creation order, each against the PFs of the nodes it selects and
     against the policies accepted before it that select a node in common.
     """
-    accepted: list[tuple[Obj, set[str]]] = []
+    accepted: list[tuple[NodePolicy, set[str]]] = []
     result: dict[str, tuple[str, str]] = {}
-    for policy in sorted(policies, key=lambda p: (_created(p), name_of(p))):
-        name = name_of(policy)
-        if name == DEPRECATED_DEFAULT_POLICY:
-            continue
-        missing = [f"spec.{f}" for f in POLICY_REQUIRED if spec_of(policy).get(f) is None]
-        if missing:  # upstream's schema lets a policy have no spec at all
-            result[name] = ("MissingFields", f"{', '.join(missing)} missing in CR {name}; a "
-                            "policy needs resourceName, nodeSelector, numVfs and nicSelector")
-            continue
+    for policy in sorted(policies, key=lambda p: (p.created, p.name)):
         selected = {name_of(n) for n in nodes if selects_node(policy, n)}
         problems: list[tuple[str, str]] = []
         problems += _pf_problems(policy, sorted(selected), found)
@@ -362,64 +412,64 @@ def refusals(policies: list[Obj], nodes: list[Obj], found: Mapping[str, list[Obj
             problems += _conflicts(policy, other)
         if problems:
             reasons = dict.fromkeys(r for r, _ in problems)
-            result[name] = (next(iter(reasons)), "; ".join(dict.fromkeys(m for _, m in problems)))
+            result[policy.name] = (next(iter(reasons)),
+                                   "; ".join(dict.fromkeys(m for _, m in problems)))
         else:
             accepted.append((policy, selected))
     return result
 
 
-def _pf_problems(policy: Obj, nodes: list[str], found: Mapping[str, list[Obj]]
+def _pf_problems(policy: NodePolicy, nodes: list[str], found: Mapping[str, list[Obj]]
                  ) -> list[tuple[str, str]]:
     """numVfs above what a selected PF supports, and externally managed PFs that fall short."""
-    spec = spec_of(policy)
-    num_vfs = int(spec.get("numVfs") or 0)
-    selector = spec.get("nicSelector") or {}
+    spec = policy.spec
+    num_vfs = spec.num_vfs
     where: dict[tuple[str, str], list[str]] = {}  # (reason, message) -> nodes
     for node in nodes:
         for iface in found.get(node, []):
-            if not nic_selected(selector, iface):
+            if not nic_selected(spec.nic_selector, iface):
                 continue
             pf = f"PF {iface.get('name') or '?'} ({iface['pciAddress']})"
             total = iface.get("totalvfs")
             limit = min(total, MELLANOX_MAX_VFS) if iface.get("vendor") == MELLANOX and \
                 total is not None else total
             if limit is not None and num_vfs > limit:
-                key = ("TooManyVfs", f"numVfs({num_vfs}) in CR {name_of(policy)} exceed the "
+                key = ("TooManyVfs", f"numVfs({num_vfs}) in CR {policy.name} exceed the "
                        f"maximum allowed value({limit}) of {pf}")
                 where.setdefault(key, []).append(node)
-            if spec.get("externallyManaged"):
+            if spec.externally_managed:
                 current = int(iface.get("numVfs") or 0)
                 if num_vfs > current:
                     key = ("ExternallyManaged", f"{pf} is externally managed and has {current} "
-                           f"VFs, fewer than the {num_vfs} of CR {name_of(policy)}; create them "
+                           f"VFs, fewer than the {num_vfs} of CR {policy.name}; create them "
                            "first or lower numVfs")
                     where.setdefault(key, []).append(node)
-                if spec.get("mtu") and iface.get("mtu") and spec["mtu"] > iface["mtu"]:
+                if spec.mtu and iface.get("mtu") and spec.mtu > iface["mtu"]:
                     key = ("ExternallyManaged", f"{pf} is externally managed with MTU "
-                           f"{iface['mtu']}, below the {spec['mtu']} of CR {name_of(policy)}")
+                           f"{iface['mtu']}, below the {spec.mtu} of CR {policy.name}")
                     where.setdefault(key, []).append(node)
     return [(reason, f"{message} on node {', '.join(on)}")
             for (reason, message), on in where.items()]
 
 
-def _conflicts(policy: Obj, other: Obj) -> list[tuple[str, str]]:
+def _conflicts(policy: NodePolicy, other: NodePolicy) -> list[tuple[str, str]]:
     """What upstream's webhook refuses between two policies that share a node."""
-    spec, other_spec = spec_of(policy), spec_of(other)
+    spec, other_spec = policy.spec, other.spec
     problems = []
-    for entry in (spec.get("nicSelector") or {}).get("pfNames") or []:
+    for entry in spec.nic_selector.pf_names or []:
         name, first, last = parse_pf_name(entry)
-        for theirs in (other_spec.get("nicSelector") or {}).get("pfNames") or []:
+        for theirs in other_spec.nic_selector.pf_names or []:
             other_name, other_first, other_last = parse_pf_name(theirs)
             if name == other_name and not (last < other_first or first > other_last):
                 problems.append(("OverlappingVfRange", f"VF index range in {entry} is "
-                                 f"overlapped with existing policy {name_of(other)}"))
-    if spec.get("resourceName") == other_spec.get("resourceName") and bool(
-            spec.get("excludeTopology")) != bool(other_spec.get("excludeTopology")):
+                                 f"overlapped with existing policy {other.name}"))
+    ours, theirs_excluded = bool(spec.exclude_topology), bool(other_spec.exclude_topology)
+    if spec.resource_name == other_spec.resource_name and ours != theirs_excluded:
         problems.append(("ExcludeTopologyConflict",
-                         f"excludeTopology[{str(bool(spec.get('excludeTopology'))).lower()}] "
-                         f"field conflicts with policy [{name_of(other)}].ExcludeTopology["
-                         f"{str(bool(other_spec.get('excludeTopology'))).lower()}] as they "
-                         f"target the same resource[{spec.get('resourceName')}]"))
+                         f"excludeTopology[{str(ours).lower()}] "
+                         f"field conflicts with policy [{other.name}].ExcludeTopology["
+                         f"{str(theirs_excluded).lower()}] as they "
+                         f"target the same resource[{spec.resource_name}]"))
     return problems
 
 
@@ -469,6 +519,7 @@ class SriovPolicyController:
         self.states.on_change(self._state_changed)
         self.nodes.on_change(self._node_changed)
         self._reported: dict[str, str] = {}  # policy uid -> refusal already announced
+        self._read = PerObject(read_policy)  # read again only when a policy changed
 
     def _state_changed(self, event: str, state: Obj, old: Obj | None) -> None:
         """Only what the daemon found (status.interfaces) and the state's life matter here."""
@@ -493,8 +544,8 @@ class SriovPolicyController:
         settings = operator_settings(config)
         apply_log_level(settings)
         states = {name_of(s): s for s in self.states.store.items()}
-        policies = self.policies.store.items()
-        if not policies and config is None and not states:
+        objs = self.policies.store.items()
+        if not objs and config is None and not states:
             # SR-IOV is not in use (no policy, no operator config, no node state left to
             # empty): no node state, label or ConfigMap for a thousand nodes that need none,
             # and no pass over them.
@@ -505,10 +556,9 @@ class SriovPolicyController:
                        key=name_of)
         found = {name: ((s.get("status") or {}).get("interfaces") or [])
                  for name, s in states.items()}
-        refused = refusals(policies, nodes, found)
-        accepted = [p for p in policies if name_of(p) not in refused]
+        accepted, refused = judge(split_read(self._read.each(objs)), nodes, found)
         await self._sync_classes(accepted)
-        await self._policy_status(policies, refused, nodes)
+        await self._policy_status(objs, {p.name: p for p in accepted}, refused, nodes)
 
         owner = _owner_ref(config)
         pools = self.pools.store.items()
@@ -522,7 +572,7 @@ class SriovPolicyController:
                               f"{name_of(node)} failed: {e}")
                 for policy in accepted:
                     if selects_node(policy, node):
-                        await self.recorder.emit(policy, "Warning", "NodeStateFailed",
+                        await self.recorder.emit(policy.obj, "Warning", "NodeStateFailed",
                                                  failed[-1])
         await self._sync_config_map(nodes, accepted, found)
         await self._sync_labels(nodes, accepted)
@@ -531,7 +581,7 @@ class SriovPolicyController:
             raise NodeStatesFailed("; ".join(failed))  # tried again, later each time
         return Result(requeue_after=wait) if wait is not None else None
 
-    async def _sync_state(self, node: Obj, state: Obj | None, accepted: list[Obj],
+    async def _sync_state(self, node: Obj, state: Obj | None, accepted: list[NodePolicy],
                           found: Mapping[str, list[Obj]], owner: Obj | None,
                           pools: list[Obj]) -> None:
         name = name_of(node)
@@ -543,7 +593,7 @@ class SriovPolicyController:
         interfaces = found.get(name, [])
         if state is not None and not interfaces:
             # The daemon has not reported the node's PFs yet: nothing to apply them to.
-            spec = spec_of(state)
+            spec = state.get("spec") or {}
         else:
             spec = node_state_spec(accepted, node, interfaces, rdma_mode)
         metadata: Obj = {"name": name, "namespace": self.namespace}
@@ -556,7 +606,7 @@ class SriovPolicyController:
             if keep_until:
                 await self._patch_state(name, {"metadata": {"annotations": {
                     KEEP_UNTIL_ANNOTATION: None}}})
-            if spec_of(state) == spec and same_owner:
+            if state.get("spec") == spec and same_owner:
                 return
         body: Obj = {"apiVersion": NODE_STATE.api_version, "kind": NODE_STATE.kind,
                      "metadata": metadata, "spec": spec}
@@ -575,7 +625,7 @@ class SriovPolicyController:
             raise
         self.states.assume(updated)
 
-    async def _sync_config_map(self, nodes: list[Obj], accepted: list[Obj],
+    async def _sync_config_map(self, nodes: list[Obj], accepted: list[NodePolicy],
                                found: Mapping[str, list[Obj]]) -> None:
         data = {name_of(n): json.dumps(device_plugin_config(accepted, n, found.get(name_of(n), [])),
                                        separators=(",", ":"))
@@ -593,7 +643,7 @@ class SriovPolicyController:
         log.info("device plugin config updated for %d nodes", len(data),
                  extra=logs.about("ConfigMap", CONFIG_MAP_NAME, self.namespace))
 
-    async def _sync_labels(self, nodes: list[Obj], accepted: list[Obj]) -> None:
+    async def _sync_labels(self, nodes: list[Obj], accepted: list[NodePolicy]) -> None:
         """`sriovnetwork.openshift.io/device-plugin`: Enabled where a policy gives resources
         and no DRA driver serves them."""
         selected = {name_of(n) for n in nodes}
@@ -603,8 +653,7 @@ class SriovPolicyController:
             wanted: str | None = None
             if name_of(node) in selected:
                 enabled = name_of(node) not in by_dra and any(
-                    selects_node(p, node) and name_of(p) != DEPRECATED_DEFAULT_POLICY
-                    for p in accepted)
+                    selects_node(p, node) for p in accepted)
                 wanted = "Enabled" if enabled else "Disabled"
             if labels.get(DEVICE_PLUGIN_LABEL) != wanted:
                 updated = await self.client.patch(NODE, name_of(node), {
@@ -614,18 +663,16 @@ class SriovPolicyController:
     def _dra_nodes(self) -> set[str]:
         return {node for pod in self.dra_pods.store.items() if (node := dra_node(pod))}
 
-    async def _sync_classes(self, accepted: list[Obj]) -> None:
+    async def _sync_classes(self, accepted: list[NodePolicy]) -> None:
         """While a DRA driver serves SR-IOV resources anywhere, a DeviceClass per resourceName,
         so a pod that asks for `<prefix>/<resourceName>` gets VFs from DRA where no device
         plugin serves it."""
         wanted: dict[str, Obj] = {}
         if self._dra_nodes():
             prefix = resource_prefix()
-            for policy in sorted(accepted, key=name_of):
-                name = spec_of(policy).get("resourceName")
-                if name and name_of(policy) != DEPRECATED_DEFAULT_POLICY:
-                    body = dra.sriov_class(prefix, name, CLASS_LABELS)
-                    wanted.setdefault(body["metadata"]["name"], body)
+            for policy in sorted(accepted, key=lambda p: p.name):
+                body = dra.sriov_class(prefix, policy.spec.resource_name, CLASS_LABELS)
+                wanted.setdefault(body["metadata"]["name"], body)
         current = {name_of(c): c for c in self.classes.store.items()}
         for name, body in wanted.items():
             have = current.get(name)
@@ -664,15 +711,15 @@ class SriovPolicyController:
             await self.client.delete(NODE_STATE, name, self.namespace)
         return min(due) if due else None
 
-    async def _policy_status(self, policies: list[Obj], refused: Mapping[str, tuple[str, str]],
-                             nodes: list[Obj]) -> None:
-        for policy in policies:
+    async def _policy_status(self, objs: list[Obj], accepted: Mapping[str, NodePolicy],
+                             refused: Mapping[str, tuple[str, str]], nodes: list[Obj]) -> None:
+        for policy in objs:
             name = name_of(policy)
             if name in refused:
                 reason, message = refused[name]
                 status, message = "False", f"not applied: {message}"
             else:
-                count = sum(selects_node(policy, n) for n in nodes)
+                count = sum(selects_node(accepted[name], n) for n in nodes)
                 if count:
                     reason, status = "Applied", "True"
                     message = f"applied to {count} node{'s' if count != 1 else ''}"
