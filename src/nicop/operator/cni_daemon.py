@@ -70,9 +70,10 @@ def render(ctx: Context, plugins: list[str]) -> list[Obj]:
                               ("cni-state", "/var/lib/cni", "DirectoryOrCreate"),
                               ("netns", "/var/run/netns", "DirectoryOrCreate")):
         volume, mount = host_path(name, path, type_=type_)
+        if name == "netns":  # namespaces the runtime mounts later must show inside
+            mount["mountPropagation"] = "HostToContainer"
         volumes.append(volume)
         mounts.append(mount)
-    mounts[-1]["mountPropagation"] = "HostToContainer"
     bin_volume, bin_mount = host_path("cni-bin", ctx.cni_bin_dir, f"/host{ctx.cni_bin_dir}",
                                       type_="DirectoryOrCreate")
     volumes.append(bin_volume)

@@ -239,11 +239,16 @@ def json_config(raw: str, path: str) -> Obj | None:
 
 
 def host_path(name: str, path: str, mount: str | None = None,
-              type_: str | None = None) -> tuple[Obj, Obj]:
+              type_: str | None = None, read_only: bool | None = None) -> tuple[Obj, Obj]:
+    """A hostPath volume and its mount (`readOnly` only where given: upstream's manifests
+    spell it on some mounts, and a template that differs from theirs rolls their pods)."""
     volume: Obj = {"name": name, "hostPath": {"path": path}}
     if type_:
         volume["hostPath"]["type"] = type_
-    return volume, {"name": name, "mountPath": mount or path}
+    volume_mount: Obj = {"name": name, "mountPath": mount or path}
+    if read_only is not None:
+        volume_mount["readOnly"] = read_only
+    return volume, volume_mount
 
 
 def container(

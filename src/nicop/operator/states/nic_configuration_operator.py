@@ -129,10 +129,8 @@ def render(ctx: Context, section: Obj, path: str) -> list[Obj]:
         pod["volumes"] = volumes
     objects.append(deploy)
 
-    host = [host_path("sys", "/sys"), host_path("proc", "/proc"),
+    host = [host_path("sys", "/sys", read_only=False), host_path("proc", "/proc", read_only=False),
             host_path("host", "/", "/host"), host_path("dev", "/dev")]
-    for _, mount in host[:2]:
-        mount["readOnly"] = False
     node_env = [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
                 {"name": "NAMESPACE",
                  "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}, *env]
