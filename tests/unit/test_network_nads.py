@@ -42,16 +42,23 @@ def test_macvlan_omits_empty_keys_and_defaults_ipam() -> None:
 
 
 def test_host_device_gets_the_resource_annotation_with_prefix() -> None:
-    for given, expected in (("cx6dx_vf", "nvidia.com/cx6dx_vf"),
-                            ("nvidia.com/cx6dx_vf", "nvidia.com/cx6dx_vf")):
-        nad = render_nad(KINDS["HostDeviceNetwork"], cr("HostDeviceNetwork", {
-            "resourceName": given, "networkNamespace": "team-a",
-            "ipam": '{"type": "whereabouts", "range": "192.168.3.0/24"}'}))
-        assert nad["metadata"]["annotations"]["k8s.v1.cni.cncf.io/resourceName"] == expected
-        assert nad["metadata"]["namespace"] == "team-a"
-        assert json.loads(nad["spec"]["config"]) == {
-            "cniVersion": "0.3.1", "name": "net", "type": "host-device",
-            "ipam": {"type": "whereabouts", "range": "192.168.3.0/24"}}
+    nad = render_nad(KINDS["HostDeviceNetwork"], cr("HostDeviceNetwork", {
+        "resourceName": "cx6dx_vf", "networkNamespace": "team-a",
+        "ipam": '{"type": "whereabouts", "range": "192.168.3.0/24"}'}))
+    assert nad["metadata"]["annotations"]["k8s.v1.cni.cncf.io/resourceName"] == (
+        "nvidia.com/cx6dx_vf")
+    assert nad["metadata"]["namespace"] == "team-a"
+    assert json.loads(nad["spec"]["config"]) == {
+        "cniVersion": "0.3.1", "name": "net", "type": "host-device",
+        "ipam": {"type": "whereabouts", "range": "192.168.3.0/24"}}
+
+
+def test_a_value_the_schema_refuses_names_the_field() -> None:
+    """The spec is read as its model: a prefixed resourceName (which the CRD's pattern
+    refuses, as upstream's) stored before the schema held it renders no NAD."""
+    with pytest.raises(NetworkError, match=r"^spec\.resourceName: String should match"):
+        render_nad(KINDS["HostDeviceNetwork"], cr("HostDeviceNetwork", {
+            "resourceName": "nvidia.com/cx6dx_vf"}))
 
 
 def test_ipoib() -> None:

@@ -15,12 +15,13 @@ from typing import Any
 
 from nicop import logs
 from nicop.api.labels import MANAGED_BY_LABEL, MANAGED_BY_VALUE, REVISION_ANNOTATION
+from nicop.api.mellanox import HostDeviceNetworkSpec, IPoIBNetworkSpec, MacvlanNetworkSpec
 from nicop.kube.client import ApiClient
 from nicop.kube.manager import Controller, Manager, Result
 from nicop.kube.resources import NETWORK_ATTACHMENT_DEFINITION as NAD
 from nicop.kube.resources import Obj, Resource, key_of
 from nicop.operator import writes
-from nicop.operator.states.base import content_hash
+from nicop.operator.states.base import M, RenderError, content_hash, typed
 from nicop.operator.writes import WriteFailed
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,14 @@ def parse_meta_plugins(raw: str | None) -> list[Obj]:
     return value  # type: ignore[no-any-return]
 
 
+def read_spec(model: type[M], cr: Obj) -> M:
+    """The CR's spec as its model (raises NetworkError naming a field the model refuses)."""
+    try:
+        return typed(model, cr.get("spec") or {}, "spec")
+    except RenderError as e:
+        raise NetworkError(str(e)) from None
+
+
 def cni_config(name: str, plugin: Obj, meta_plugins: list[Obj]) -> Obj:
     """The NAD's config: one plugin, or a conflist when meta plugins are chained after it."""
     if meta_plugins:
@@ -68,42 +77,45 @@ def cni_config(name: str, plugin: Obj, meta_plugins: list[Obj]) -> Obj:
     return {"cniVersion": CNI_VERSION, "name": name, **plugin}
 
 
-def macvlan_plugin(spec: Obj) -> Obj:
+def macvlan_plugin(spec: MacvlanNetworkSpec) -> Obj:
     plugin: Obj = {"type": "macvlan"}
-    for key in ("master", "mode"):
-        if spec.get(key):
-            plugin[key] = spec[key]
-    if spec.get("mtu"):
-        plugin["mtu"] = spec["mtu"]
-    plugin["ipam"] = parse_json_object(spec.get("ipam"), "spec.ipam")
+    if spec.master:
+        plugin["master"] = spec.master
+    if spec.mode:
+        plugin["mode"] = spec.mode
+    if spec.mtu:
+        plugin["mtu"] = spec.mtu
+    plugin["ipam"] = parse_json_object(spec.ipam, "spec.ipam")
     return plugin
 
 
-def host_device_plugin(spec: Obj) -> Obj:
-    return {"type": "host-device", "ipam": parse_json_object(spec.get("ipam"), "spec.ipam")}
+def host_device_plugin(spec: HostDeviceNetworkSpec) -> Obj:
+    return {"type": "host-device", "ipam": parse_json_object(spec.ipam, "spec.ipam")}
 
 
-def ipoib_plugin(spec: Obj) -> Obj:
+def ipoib_plugin(spec: IPoIBNetworkSpec) -> Obj:
     plugin: Obj = {"type": "ipoib"}
-    if spec.get("master"):
-        plugin["master"] = spec["master"]
-    plugin["ipam"] = parse_json_object(spec.get("ipam"), "spec.ipam")
+    if spec.master:
+        plugin["master"] = spec.master
+    plugin["ipam"] = parse_json_object(spec.ipam, "spec.ipam")
     return plugin
 
 
-def host_device_resource(spec: Obj) -> str | None:
-    name = spec.get("resourceName")
-    if not name:
-        return None
-    return name if name.startswith("nvidia.com/") else f"nvidia.com/{name}"
+def host_device_resource(spec: HostDeviceNetworkSpec) -> str | None:
+    """`nvidia.com/<resourceName>` (the schema refuses a name that has a prefix already)."""
+    return f"nvidia.com/{spec.resource_name}" if spec.resource_name else None
+
+
+NetworkSpec = MacvlanNetworkSpec | HostDeviceNetworkSpec | IPoIBNetworkSpec
 
 
 @dataclass(frozen=True)
 class NetworkKind:
     resource: Resource
     status_link_field: str
-    plugin: Callable[[Obj], Obj]
-    resource_name: Callable[[Obj], str | None] = lambda spec: None
+    model: type[NetworkSpec]
+    plugin: Callable[[Any], Obj]
+    resource_name: Callable[[Any], str | None] = lambda spec: None
 
 
 def _network(kind: str, plural: str) -> Resource:
@@ -114,23 +126,25 @@ KINDS = {
     k.resource.kind: k
     for k in (
         NetworkKind(_network("MacvlanNetwork", "macvlannetworks"),
-                    "macvlanNetworkAttachmentDef", macvlan_plugin),
+                    "macvlanNetworkAttachmentDef", MacvlanNetworkSpec, macvlan_plugin),
         NetworkKind(_network("HostDeviceNetwork", "hostdevicenetworks"),
-                    "hostDeviceNetworkAttachmentDef", host_device_plugin, host_device_resource),
+                    "hostDeviceNetworkAttachmentDef", HostDeviceNetworkSpec, host_device_plugin,
+                    host_device_resource),
         NetworkKind(_network("IPoIBNetwork", "ipoibnetworks"),
-                    "ipoibNetworkAttachmentDef", ipoib_plugin),
+                    "ipoibNetworkAttachmentDef", IPoIBNetworkSpec, ipoib_plugin),
     )
 }
 
 
 def render_nad(kind: NetworkKind, cr: Obj) -> Obj:
     """The NetworkAttachmentDefinition of a network CR (raises NetworkError naming the field)."""
-    spec = cr.get("spec") or {}
+    spec = read_spec(kind.model, cr)
     name = cr["metadata"]["name"]
-    config = cni_config(name, kind.plugin(spec), parse_meta_plugins(spec.get("metaPlugins")))
+    meta = parse_meta_plugins(getattr(spec, "meta_plugins", None))  # IPoIB has none
+    config = cni_config(name, kind.plugin(spec), meta)
     metadata: Obj = {
         "name": name,
-        "namespace": spec.get("networkNamespace") or "default",
+        "namespace": spec.network_namespace or "default",
         "labels": {MANAGED_BY_LABEL: MANAGED_BY_VALUE},
         "annotations": {},
         "ownerReferences": [{

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from nicop import logs
 from nicop.api.labels import MANAGED_BY_LABEL, MANAGED_BY_VALUE, REVISION_ANNOTATION
+from nicop.api.sriovnetwork import OVSNetworkSpec, SriovIBNetworkSpec, SriovNetworkSpec
 from nicop.kube.client import ApiClient, ApiError
 from nicop.kube.conditions import with_condition
 from nicop.kube.events import EventRecorder
@@ -45,6 +46,7 @@ from nicop.operator.networks import (
     NetworkError,
     parse_json_object,
     parse_meta_plugins,
+    read_spec,
 )
 from nicop.operator.sriov_drain import DEFAULT_RESOURCE_PREFIX, resource_prefix
 from nicop.operator.states.base import content_hash
@@ -60,20 +62,21 @@ READY = "Ready"
 OWNER_INDEX = "sriov-network-owner"
 
 
+SriovSpec = SriovNetworkSpec | SriovIBNetworkSpec | OVSNetworkSpec
+
+
 @dataclass(frozen=True)
 class SriovKind:
     resource: Resource
-    cni_type: str
-
-    @property
-    def ethernet(self) -> bool:
-        return self.cni_type == "sriov"
+    model: type[SriovSpec]
+    """The spec's model, which also picks the CNI plugin (sriov, ib-sriov, ovs)."""
 
 
 KINDS = {
     k.resource.kind: k
-    for k in (SriovKind(SRIOV_NETWORK, "sriov"), SriovKind(SRIOV_IB_NETWORK, "ib-sriov"),
-              SriovKind(OVS_NETWORK, "ovs"))
+    for k in (SriovKind(SRIOV_NETWORK, SriovNetworkSpec),
+              SriovKind(SRIOV_IB_NETWORK, SriovIBNetworkSpec),
+              SriovKind(OVS_NETWORK, OVSNetworkSpec))
 }
 
 
@@ -83,10 +86,10 @@ def owner_value(kind: SriovKind, cr: Obj) -> str:
     return f"{kind.resource.kind}.{GROUP}/{m.get('namespace')}/{m['name']}"
 
 
-def target_namespace(cr: Obj, operator_namespace: str) -> str:
+def target_namespace(cr: Obj, spec: SriovSpec, operator_namespace: str) -> str:
     """Where the NAD goes; NetworkError when networkNamespace is not allowed here."""
     own = str(cr["metadata"].get("namespace") or "")
-    wanted = (cr.get("spec") or {}).get("networkNamespace") or ""
+    wanted = spec.network_namespace or ""
     if not wanted:
         return own
     if own != operator_namespace and wanted != own:
@@ -95,65 +98,84 @@ def target_namespace(cr: Obj, operator_namespace: str) -> str:
             f"{operator_namespace} may put their NetworkAttachmentDefinition into another "
             f"namespace; remove networkNamespace (the NAD then goes into {own}) or create the "
             f"network in {operator_namespace}")
-    return str(wanted)
+    return wanted
 
 
-def ovs_plugin(spec: Obj) -> Obj:
+def ipam_of(spec: SriovSpec) -> Obj:
+    """`ipam` parsed, after removing every whitespace as upstream does."""
+    return parse_json_object("".join((spec.ipam or "").split()), "spec.ipam")
+
+
+def ovs_plugin(spec: OVSNetworkSpec) -> Obj:
     """The ovs plugin object, keys in upstream's template order; empty and zero fields are
     left out, and each trunk entry keeps only the IDs it sets (in minID, maxID, id order)."""
     plugin: Obj = {"type": "ovs"}
-    if spec.get("capabilities"):
-        plugin["capabilities"] = parse_json_object(spec["capabilities"], "spec.capabilities")
-    if spec.get("bridge"):
-        plugin["bridge"] = spec["bridge"]
-    for key in ("vlan", "mtu"):
-        if spec.get(key):
-            plugin[key] = int(spec[key])
-    if spec.get("trunk"):
-        plugin["trunk"] = [{key: int(entry[key]) for key in ("minID", "maxID", "id")
-                            if entry.get(key) is not None} for entry in spec["trunk"]]
-    if spec.get("interfaceType"):
-        plugin["interface_type"] = spec["interfaceType"]
-    plugin["ipam"] = parse_json_object("".join((spec.get("ipam") or "").split()), "spec.ipam")
+    if spec.capabilities:
+        plugin["capabilities"] = parse_json_object(spec.capabilities, "spec.capabilities")
+    if spec.bridge:
+        plugin["bridge"] = spec.bridge
+    if spec.vlan:
+        plugin["vlan"] = spec.vlan
+    if spec.mtu:
+        plugin["mtu"] = spec.mtu
+    if spec.trunk:
+        plugin["trunk"] = [{key: value for key, value in (
+            ("minID", entry.min_id), ("maxID", entry.max_id), ("id", entry.id))
+            if value is not None} for entry in spec.trunk]
+    if spec.interface_type:
+        plugin["interface_type"] = spec.interface_type
+    plugin["ipam"] = ipam_of(spec)
     return plugin
 
 
-def cni_plugin(kind: SriovKind, spec: Obj) -> Obj:
-    """The plugin object, keys in upstream's template order."""
-    if kind.cni_type == "ovs":
+def sriov_plugin(spec: SriovNetworkSpec) -> Obj:
+    """The sriov plugin object, keys in upstream's template order."""
+    plugin: Obj = {"type": "sriov", "vlan": spec.vlan or 0}
+    if spec.spoof_chk:
+        plugin["spoofchk"] = spec.spoof_chk
+    if spec.trust:
+        plugin["trust"] = spec.trust
+    plugin["vlanQoS"] = spec.vlan_qos or 0
+    if spec.vlan_proto:
+        plugin["vlanProto"] = spec.vlan_proto
+    if spec.min_tx_rate is not None:
+        plugin["min_tx_rate"] = spec.min_tx_rate
+    if spec.max_tx_rate is not None:
+        plugin["max_tx_rate"] = spec.max_tx_rate
+    if spec.capabilities:
+        plugin["capabilities"] = parse_json_object(spec.capabilities, "spec.capabilities")
+    if spec.link_state:
+        plugin["link_state"] = spec.link_state
+    if spec.log_level:
+        plugin["logLevel"] = spec.log_level
+    if spec.log_file:
+        plugin["logFile"] = spec.log_file
+    plugin["ipam"] = ipam_of(spec)
+    return plugin
+
+
+def ib_plugin(spec: SriovIBNetworkSpec) -> Obj:
+    """The ib-sriov plugin object, keys in upstream's template order."""
+    plugin: Obj = {"type": "ib-sriov"}
+    if spec.capabilities:
+        plugin["capabilities"] = parse_json_object(spec.capabilities, "spec.capabilities")
+    if spec.link_state:
+        plugin["link_state"] = spec.link_state
+    plugin["ipam"] = ipam_of(spec)
+    return plugin
+
+
+def cni_plugin(spec: SriovSpec) -> Obj:
+    if isinstance(spec, OVSNetworkSpec):
         return ovs_plugin(spec)
-    plugin: Obj = {"type": kind.cni_type}
-    if kind.ethernet:
-        plugin["vlan"] = int(spec.get("vlan") or 0)
-        for key, out in (("spoofChk", "spoofchk"), ("trust", "trust")):
-            if spec.get(key) in ("on", "off"):
-                plugin[out] = spec[key]
-        plugin["vlanQoS"] = int(spec.get("vlanQoS") or 0)
-        if spec.get("vlanProto"):
-            plugin["vlanProto"] = spec["vlanProto"]
-        for key, out in (("minTxRate", "min_tx_rate"), ("maxTxRate", "max_tx_rate")):
-            if spec.get(key) is not None and int(spec[key]) >= 0:
-                plugin[out] = int(spec[key])
-    if spec.get("capabilities"):
-        plugin["capabilities"] = parse_json_object(spec["capabilities"], "spec.capabilities")
-    if spec.get("linkState") in ("auto", "enable", "disable"):
-        plugin["link_state"] = spec["linkState"]
-    if kind.ethernet:
-        level = spec.get("logLevel", "info")  # the CRD's default, also for unsaved objects
-        if level:
-            plugin["logLevel"] = level
-        if spec.get("logFile"):
-            plugin["logFile"] = spec["logFile"]
-    ipam = "".join((spec.get("ipam") or "").split())  # upstream removes every whitespace
-    plugin["ipam"] = parse_json_object(ipam, "spec.ipam")
-    return plugin
+    if isinstance(spec, SriovNetworkSpec):
+        return sriov_plugin(spec)
+    return ib_plugin(spec)
 
 
-def cni_config(kind: SriovKind, cr: Obj) -> Obj:
-    spec = cr.get("spec") or {}
-    name = cr["metadata"]["name"]
-    plugin = cni_plugin(kind, spec)
-    meta = parse_meta_plugins(spec.get("metaPlugins"))
+def cni_config(name: str, spec: SriovSpec) -> Obj:
+    plugin = cni_plugin(spec)
+    meta = parse_meta_plugins(spec.meta_plugins)
     if meta:
         return {"cniVersion": CNI_VERSION, "name": name, "plugins": [plugin, *meta]}
     return {"cniVersion": CNI_VERSION, "name": name, **plugin}
@@ -162,19 +184,19 @@ def cni_config(kind: SriovKind, cr: Obj) -> Obj:
 def render_nad(kind: SriovKind, cr: Obj, operator_namespace: str,
                prefix: str = DEFAULT_RESOURCE_PREFIX) -> Obj:
     """The NetworkAttachmentDefinition of a network (raises NetworkError naming the field)."""
-    spec = cr.get("spec") or {}
-    m = cr["metadata"]
-    if not spec.get("resourceName"):
+    if not (cr.get("spec") or {}).get("resourceName"):
         raise NetworkError(
             "spec.resourceName is missing: set it to the resourceName of the "
             "SriovNetworkNodePolicy whose VFs this network uses")
-    namespace = target_namespace(cr, operator_namespace)
+    spec = read_spec(kind.model, cr)
+    m = cr["metadata"]
+    namespace = target_namespace(cr, spec, operator_namespace)
     metadata: Obj = {
         "name": m["name"],
         "namespace": namespace,
         "labels": {MANAGED_BY_LABEL: MANAGED_BY_VALUE},
         "annotations": {
-            RESOURCE_NAME_ANNOTATION: f"{prefix}/{spec['resourceName']}",
+            RESOURCE_NAME_ANNOTATION: f"{prefix}/{spec.resource_name}",
             OWNER_ANNOTATION: owner_value(kind, cr),
         },
     }
@@ -184,7 +206,7 @@ def render_nad(kind: SriovKind, cr: Obj, operator_namespace: str,
             "name": m["name"], "uid": m["uid"], "controller": True, "blockOwnerDeletion": True,
         }]
     nad: Obj = {"apiVersion": NAD.api_version, "kind": NAD.kind, "metadata": metadata,
-                "spec": {"config": json.dumps(cni_config(kind, cr), indent=4)}}
+                "spec": {"config": json.dumps(cni_config(m["name"], spec), indent=4)}}
     metadata["annotations"][REVISION_ANNOTATION] = content_hash(nad)
     return nad
 
